@@ -1,0 +1,92 @@
+// Package backend is the seam between a store and its storage: every byte a
+// store reads or writes, every flush and every discard goes through the
+// Backend interface. Production backends do aligned O_DIRECT I/O on a regular
+// file (File) or a block device (Device); test backends keep the image in
+// memory (Mem) or also record every write so that a test can cut power at any
+// point and tear unflushed writes (Crash).
+//
+// # The contract
+//
+// ReadAt and WriteAt transfer all of p or fail; a short transfer is an error
+// wrapping io.ErrUnexpectedEOF. For File and Device, the offset, the length
+// and the address of p must be multiples of SectorSize(), the O_DIRECT rule;
+// buffers from github.com/ncw/directio (4096-aligned) always qualify. I/O
+// outside [0, Size()) is refused with ErrOutOfRange, never grows a file. Mem
+// and Crash enforce the same rules after CheckAlignment(sectorSize), so tests
+// run on memory catch what O_DIRECT would refuse.
+//
+// A completed WriteAt may sit in a volatile cache (the disk's write cache and,
+// for a file, the file system's record of newly allocated blocks) until Flush. Flush makes every write that
+// completed before Flush was called durable: fdatasync for a file (which also
+// persists the allocation of blocks written into holes), fsync for a block
+// device (a cache flush). A failed Flush guarantees nothing.
+//
+// Discard says that [off, off+n) is no longer used. It is advice: afterwards
+// the range may read as zeros, as the old data, or as anything else, and it
+// returns an error wrapping ErrUnsupported when the backing cannot discard
+// (the caller may ignore that error). File punches a hole (fallocate
+// PUNCH_HOLE|KEEP_SIZE), which frees the space and reads as zeros; Device
+// issues BLKDISCARD for the whole discard units (queue/discard_granularity)
+// inside the range, and does nothing for a range holding none.
+//
+// WriteZeroes makes [off, off+n) read as zeros, as a write would, so it is
+// subject to Flush like a write. File uses fallocate ZERO_RANGE|KEEP_SIZE,
+// falling back to PUNCH_HOLE and then to writing zero buffers; Device uses
+// BLKZEROOUT, falling back to writing zero buffers.
+//
+// Discard and WriteZeroes take offsets and lengths in multiples of
+// SectorSize(), like ReadAt and WriteAt.
+//
+// Size is fixed at open: st_size for a file, BLKGETSIZE64 for a device.
+// SectorSize is the device's logical block size (BLKSSZGET) for a Device. For
+// a File it is the alignment the file system reports through
+// statx(STATX_DIOALIGN) (512 on ext4 or xfs over a 512-byte-sector disk), or
+// 4096 when it reports none. A store reads SectorSize at open rather than
+// assume 512: it is a power of two of at least 512, in practice 512 or 4096.
+//
+// # Opening, locking and errors
+//
+// Open takes flock(LOCK_EX|LOCK_NB) on the backing (LOCK_SH when read-only)
+// and Close releases it; a second opener gets an error wrapping ErrLocked that
+// names the path. The lock is on the inode: two different device nodes for
+// one device do not see each other's locks, but a block device opened
+// read-write is also opened with O_EXCL, which the kernel refuses (ErrLocked
+// too) while the device is mounted or claimed by another exclusive opener. A
+// file system that refuses O_DIRECT (ramfs), or accepts it but keeps the data
+// in memory (tmpfs since Linux 6.6), gives ErrNoDirectIO with a message saying
+// where to put the store instead. CreateFile makes a new sparse file
+// for a store. Kernel errors keep their errno reachable through the wrapping:
+// errors.Is(err, syscall.EIO) and errors.Is(err, syscall.ENOSPC) work.
+//
+// # Test backends
+//
+// Mem keeps the image in 4 KiB copy-on-write pages (a page never written
+// costs nothing), counts calls (Stats), and after CheckAlignment refuses what
+// O_DIRECT would refuse. Close keeps the contents; Reopen makes it usable
+// again, as reopening the device would.
+//
+// Crash records an op log of every successful write, discard, write-zeroes
+// (both logged as writes of zeros) and flush in completion order; reads see
+// every completed write at once, like a volatile cache. StateAt(op, rng,
+// mode) returns a possible content of the device after a power cut right
+// after op: the writes before the last flush at or before op, plus, according
+// to mode, none (DropUnflushed), a random subset (RandomSubset), or a random
+// subset of random sectors (Torn) of the writes after it. FlushOps lists the
+// cut points at flush boundaries. MemAt and CrashAt return that state as a
+// Mem to recover on, or as a new Crash to cut power again during recovery;
+// they share pages with the original and cost tens of microseconds for a
+// 16 MiB image (well under a millisecond with -race), where StateAt copies
+// the whole image. SetFault injects errors (FailNth for the common case): a
+// failed operation is not performed and not recorded, so a failed flush makes
+// nothing durable.
+//
+// # Concurrency
+//
+// All methods of all backends are safe for concurrent use. On File and Device,
+// ReadAt, WriteAt, Flush, Discard and WriteZeroes run in parallel with each
+// other (no lock is held across I/O, only a read lock that keeps Close from
+// closing the descriptor under them); Close waits for running operations.
+// Overlapping concurrent writes leave an unspecified mix, as on a real disk;
+// ordering them is the store's job. Mem and Crash serialise their operations,
+// which for Crash defines the completion order recorded in the log.
+package backend
