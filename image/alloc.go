@@ -1,0 +1,257 @@
+package image
+
+import (
+	"fmt"
+
+	"github.com/google/btree"
+)
+
+// allocator tracks the free physical blocks of the data region as maximal
+// free extents, indexed twice: by start (to find the free extent at a goal
+// block, and to merge neighbours on free) and by length (to find the largest).
+//
+// Invariants: free extents are non-empty, inside [0, total), never overlap and
+// never touch (touching extents are merged); both indexes hold the same set;
+// freeBlocks is their total length.
+//
+// The allocator is not safe for concurrent use: the store's mu guards it.
+type allocator struct {
+	total      uint64
+	freeBlocks uint64
+	byStart    *btree.BTreeG[pext]
+	bySize     *btree.BTreeG[pext]
+}
+
+func lessStart(a, b pext) bool { return a.Start < b.Start }
+
+func lessSize(a, b pext) bool {
+	if a.Len != b.Len {
+		return a.Len < b.Len
+	}
+	return a.Start < b.Start
+}
+
+func newAllocator(total uint64) *allocator {
+	return &allocator{
+		total:   total,
+		byStart: btree.NewG(32, lessStart),
+		bySize:  btree.NewG(32, lessSize),
+	}
+}
+
+func (a *allocator) insert(e pext) {
+	a.byStart.ReplaceOrInsert(e)
+	a.bySize.ReplaceOrInsert(e)
+	a.freeBlocks += e.Len
+}
+
+func (a *allocator) delete(e pext) {
+	a.byStart.Delete(e)
+	a.bySize.Delete(e)
+	a.freeBlocks -= e.Len
+}
+
+// containing returns the free extent that contains block b.
+func (a *allocator) containing(b uint64) (pext, bool) {
+	var found pext
+	ok := false
+	a.byStart.DescendLessOrEqual(pext{Start: b}, func(e pext) bool {
+		if b < e.end() {
+			found, ok = e, true
+		}
+		return false
+	})
+	return found, ok
+}
+
+// free returns e to the free set, merging with touching neighbours. It fails
+// (and changes nothing) if any block of e is already free: a double free
+// means the maps and the allocator disagree.
+func (a *allocator) free(e pext) error {
+	if e.Len == 0 {
+		return nil
+	}
+	if e.Start >= a.total || e.Len > a.total-e.Start {
+		return fmt.Errorf("free [%d,+%d): outside the data region of %d blocks: %w", e.Start, e.Len, a.total, ErrCorrupt)
+	}
+	var prev, next pext
+	hasPrev, hasNext := false, false
+	a.byStart.DescendLessOrEqual(pext{Start: e.Start}, func(p pext) bool {
+		prev, hasPrev = p, true
+		return false
+	})
+	a.byStart.AscendGreaterOrEqual(pext{Start: e.Start}, func(n pext) bool {
+		if n.Start == e.Start && hasPrev && prev == n {
+			return true // the same extent seen by the descent; look further
+		}
+		next, hasNext = n, true
+		return false
+	})
+	if hasPrev && prev.end() > e.Start || hasNext && next.Start < e.end() {
+		return fmt.Errorf("free [%d,+%d): blocks already free: %w", e.Start, e.Len, ErrCorrupt)
+	}
+	merged := e
+	if hasPrev && prev.end() == e.Start {
+		a.delete(prev)
+		merged = pext{Start: prev.Start, Len: prev.Len + merged.Len}
+	}
+	if hasNext && next.Start == e.end() {
+		a.delete(next)
+		merged.Len += next.Len
+	}
+	a.insert(merged)
+	return nil
+}
+
+// take marks e as used. Every block of e must be free, else nothing changes
+// and an error says which block was not.
+func (a *allocator) take(e pext) error {
+	if e.Len == 0 {
+		return nil
+	}
+	f, ok := a.containing(e.Start)
+	if !ok || f.end() < e.end() {
+		return fmt.Errorf("use [%d,+%d): blocks are not free: %w", e.Start, e.Len, ErrCorrupt)
+	}
+	a.delete(f)
+	if f.Start < e.Start {
+		a.insert(pext{Start: f.Start, Len: e.Start - f.Start})
+	}
+	if e.end() < f.end() {
+		a.insert(pext{Start: e.end(), Len: f.end() - e.end()})
+	}
+	return nil
+}
+
+// alloc takes n blocks, preferring, in order: blocks starting exactly at
+// goal (so a sequential writer's extents stay physically contiguous and
+// merge in the map); the first free extent after goal large enough for all n;
+// the largest free extents. It appends the extents taken to dst. It takes all
+// n blocks or none (ErrNoSpace).
+func (a *allocator) alloc(dst []pext, n, goal uint64, hasGoal bool) ([]pext, error) {
+	if n > a.freeBlocks {
+		return dst, fmt.Errorf("need %d blocks, %d free: %w", n, a.freeBlocks, ErrNoSpace)
+	}
+	for n > 0 {
+		e, ok := a.pick(n, goal, hasGoal)
+		if !ok {
+			return dst, fmt.Errorf("allocator inconsistent: %d blocks free but none found: %w", a.freeBlocks, ErrCorrupt)
+		}
+		if err := a.take(e); err != nil {
+			return dst, err
+		}
+		dst = append(dst, e)
+		n -= e.Len
+		goal, hasGoal = e.end(), true
+	}
+	return dst, nil
+}
+
+// pick chooses the next extent (at most n blocks) for alloc.
+func (a *allocator) pick(n, goal uint64, hasGoal bool) (pext, bool) {
+	if hasGoal && goal < a.total {
+		if f, ok := a.containing(goal); ok {
+			return pext{Start: goal, Len: min(n, f.end()-goal)}, true
+		}
+		var after pext
+		found := false
+		a.byStart.AscendGreaterOrEqual(pext{Start: goal}, func(f pext) bool {
+			if f.Len >= n {
+				after, found = f, true
+				return false
+			}
+			return true
+		})
+		if found {
+			return pext{Start: after.Start, Len: n}, true
+		}
+	}
+	// No goal, or nothing near it: the largest free extent. For a fresh
+	// stream (no goal) that follows someone else's used blocks, start in the
+	// middle of the extent, leaving room for whoever precedes it to grow.
+	var largest pext
+	ok := false
+	a.bySize.Descend(func(f pext) bool {
+		largest, ok = f, true
+		return false
+	})
+	if !ok {
+		return pext{}, false
+	}
+	start := largest.Start
+	const spread = 1 << 16 // blocks; only split extents this big
+	if !hasGoal && largest.Start > 0 && largest.Len >= 2*spread && largest.Len/2 >= n {
+		start = largest.Start + largest.Len/2
+	}
+	return pext{Start: start, Len: min(n, largest.end()-start)}, true
+}
+
+// allocHigh takes n blocks from the top of the data region downward, for
+// checkpoints, keeping metadata away from where data streams grow. At most
+// maxExts extents; otherwise nothing is taken and ErrNoSpace is returned.
+func (a *allocator) allocHigh(n uint64, maxExts int) ([]pext, error) {
+	if n > a.freeBlocks {
+		return nil, fmt.Errorf("checkpoint needs %d blocks, %d free: %w", n, a.freeBlocks, ErrNoSpace)
+	}
+	var picked []pext
+	need := n
+	a.byStart.Descend(func(f pext) bool {
+		take := min(need, f.Len)
+		picked = append(picked, pext{Start: f.end() - take, Len: take})
+		need -= take
+		return need > 0 && len(picked) < maxExts
+	})
+	if need > 0 {
+		return nil, fmt.Errorf("checkpoint needs %d blocks in at most %d extents; free space is too fragmented: %w", n, maxExts, ErrNoSpace)
+	}
+	for _, e := range picked {
+		if err := a.take(e); err != nil {
+			return nil, err
+		}
+	}
+	// Store them in ascending order so the stream reads front to back.
+	for i, j := 0, len(picked)-1; i < j; i, j = i+1, j-1 {
+		picked[i], picked[j] = picked[j], picked[i]
+	}
+	return picked, nil
+}
+
+// largest returns the length of the largest free extent.
+func (a *allocator) largest() uint64 {
+	var l uint64
+	a.bySize.Descend(func(f pext) bool {
+		l = f.Len
+		return false
+	})
+	return l
+}
+
+// extents returns the free extents in order of start.
+func (a *allocator) extents() []pext {
+	out := make([]pext, 0, a.byStart.Len())
+	a.byStart.Ascend(func(f pext) bool {
+		out = append(out, f)
+		return true
+	})
+	return out
+}
+
+// complement returns the free extents of a region of total blocks given the
+// used extents sorted by start (overlaps allowed: they are simply covered).
+func complement(used []pext, total uint64) []pext {
+	var free []pext
+	var cur uint64
+	for _, u := range used {
+		if u.Start > cur {
+			free = append(free, pext{Start: cur, Len: min(u.Start, total) - cur})
+		}
+		cur = max(cur, u.end())
+		if cur >= total {
+			return free
+		}
+	}
+	if cur < total {
+		free = append(free, pext{Start: cur, Len: total - cur})
+	}
+	return free
+}

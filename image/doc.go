@@ -1,0 +1,70 @@
+// Package image is the vdiskfs store: many virtual disks on one backing
+// target (a block device or a regular file), with everything needed to find
+// them again kept on that target. It knows nothing about FUSE.
+//
+// # Layout
+//
+// Two superblock copies, a metadata journal, and the data region, where
+// data blocks and checkpoints are allocated. FORMAT.md at the repository
+// root gives every structure byte by byte; format.go is its only encoder and
+// decoder.
+//
+// # What a disk promises (the crash contract of DESIGN.md)
+//
+// A Disk behaves like a real disk with a volatile write cache. After Sync
+// returns, every write acknowledged before it survives a crash of the
+// process or of the machine, data and mapping alike. Before that a write may
+// be lost but never corrupts anything else. Never-written bytes, holes,
+// punched and zero-ranged bytes, and the unwritten part of a newly allocated
+// block read as zeros: a disk never shows bytes it did not write.
+//
+// The rules that give this:
+//
+//  1. New data goes to newly allocated blocks; its mapping is journalled
+//     only after the data write completed, and a commit flushes the data
+//     before it writes the journal.
+//  2. Writes to mapped blocks go in place.
+//  3. Freed blocks (punch, truncate, remove) stay in quarantine until the
+//     record that frees them is durable; only then may another disk get them.
+//  4. A journal commit carries a CRC-32C and a sequence number; replay stops
+//     at the first commit that fails either. A failing commit followed by a
+//     valid later one is damage (ErrCorrupt), not a torn tail.
+//  5. A checkpoint (catalog, every map, the free map) goes to fresh blocks;
+//     both superblock copies then point to it, one after the other, each
+//     flushed. The old checkpoint's blocks are released only after that.
+//  6. After a failed flush the store refuses further writes and syncs
+//     (ErrFailed): no later sync may pretend to cover data that was lost.
+//
+// # Keeping large I/O large
+//
+// Maps hold extents (package blockmap). The allocator places a write right
+// after the physical end of the disk's previous extent when it can, so a
+// sequential stream stays one extent, and package coalesce turns a request's
+// lookup segments into one backend I/O per physically contiguous run. A
+// block-aligned request whose buffer is 4 KiB aligned in memory (what
+// go-fuse hands over) goes to O_DIRECT without a copy; anything else goes
+// through one pooled aligned buffer, with at most two read-modify-write
+// edge blocks.
+//
+// # Concurrency
+//
+// Store and Disk methods are safe for concurrent use. Locks, always taken
+// in this order (see Store for what each guards):
+//
+//	disk range lock → Store.commitMu → Store.cut → disk.mu → Store.mu
+//
+// The range lock orders overlapping requests on one disk (shared for reads,
+// exclusive for writes, punches and truncates) and is the only lock held
+// across backend data I/O. commitMu is held across metadata I/O, which only
+// commits and checkpoints do. Store.cut is taken shared by every change of
+// state together with its journal records, and exclusively by a
+// checkpoint's capture and by Check, which therefore see one consistent cut.
+//
+// # Checking
+//
+// Store.Check is the one checker: vdisk fsck runs it, tests run it on every
+// store they open, and Options.Strict runs it after every commit. It reports
+// every finding in a stable order and tells leaks (blocks used by nothing:
+// space lost, nothing at risk) from fatal findings. Store.Repair fixes what
+// it can and says what it dropped.
+package image

@@ -1,0 +1,322 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/image/backend"
+)
+
+// Commit makes every write, map change and catalog change acknowledged
+// before the call durable. Concurrent callers share commits (group commit):
+// a caller whose work a commit already covered returns at once. Once a
+// flush has failed, Commit always fails (ErrFailed).
+func (s *Store) Commit() error {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	want := s.mu.recGen
+	s.mu.Unlock()
+	wantWrites := s.writeGen.Load()
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	return s.commitLocked(want, wantWrites)
+}
+
+// commitLocked writes one journal commit with every pending record (or a
+// checkpoint when the journal is full). Order: flush the data the records
+// point to, write the commit, flush it, then release the blocks the
+// records freed. Caller holds commitMu.
+func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
+	s.mu.Lock()
+	err := s.mu.failed
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if s.opts.ReadOnly {
+		return nil
+	}
+	if s.durableRec >= wantRec && s.flushedWrites >= wantWrites && !s.timesDirty() {
+		return nil
+	}
+	s.appendDirtyTimes()
+	writes := s.writeGen.Load()
+
+	s.mu.Lock()
+	if s.mu.pendCount == 0 && writes == s.flushedWrites && len(s.mu.quarantine) == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	size := int64(0)
+	if s.mu.pendCount > 0 {
+		size = (commitHeaderLen + int64(len(s.mu.pending)) + pageSize - 1) / pageSize * pageSize
+	}
+	if s.jOff+size > s.journalLen {
+		s.mu.Unlock()
+		return s.checkpointLocked()
+	}
+	batch, count, rec := s.mu.pending, s.mu.pendCount, s.mu.recGen
+	q := s.mu.quarantine
+	seq := s.mu.nextSeq
+	s.mu.pending, s.mu.pendCount, s.mu.quarantine = nil, 0, nil
+	if count > 0 {
+		s.mu.nextSeq++
+	}
+	s.mu.Unlock()
+
+	if err := s.be.Flush(); err != nil {
+		return s.fail(fmt.Errorf("flush data before commit %d: %w", seq, err))
+	}
+	s.stats.Flushes.Add(1)
+	s.flushedWrites = writes
+	if count > 0 {
+		buf := s.pool.Get(int(size))
+		page := encodeCommit(buf[:0], seq, s.uuid, count, batch)
+		_, err := s.be.WriteAt(page, journalOffset+s.jOff)
+		s.pool.Put(buf)
+		if err != nil {
+			return s.fail(fmt.Errorf("write journal commit %d at %d: %w", seq, s.jOff, err))
+		}
+		s.stats.metaWrite(int(size))
+		if err := s.be.Flush(); err != nil {
+			return s.fail(fmt.Errorf("flush journal commit %d: %w", seq, err))
+		}
+		s.stats.Flushes.Add(1)
+		s.stats.Commits.Add(1)
+		s.stats.JournalBytes.Add(uint64(size))
+		s.jOff += size
+	}
+	s.durableRec = rec
+	s.release(q)
+	return s.strictCheckLocked()
+}
+
+// strictCheckLocked runs Check after a commit in Strict mode.
+func (s *Store) strictCheckLocked() error {
+	if !s.opts.Strict {
+		return nil
+	}
+	if rep := s.checkLocked(); !rep.Clean() {
+		return fmt.Errorf("strict check after commit: %s: %w", rep.Findings[0].Message, ErrCorrupt)
+	}
+	return nil
+}
+
+func (s *Store) timesDirty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.mu.disks {
+		if d.timesDirty.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// appendDirtyTimes journals the access and modification times of disks
+// written since the last commit.
+func (s *Store) appendDirtyTimes() {
+	s.mu.Lock()
+	var ds []*disk
+	for _, d := range s.mu.disks {
+		if d.timesDirty.Load() {
+			ds = append(ds, d)
+		}
+	}
+	s.mu.Unlock()
+	for _, d := range ds {
+		if !d.timesDirty.Swap(false) {
+			continue
+		}
+		s.cut.RLock()
+		d.mu.RLock()
+		s.mu.Lock()
+		if !d.deleted {
+			s.appendLocked(d.attrRecordLocked())
+		}
+		s.mu.Unlock()
+		d.mu.RUnlock()
+		s.cut.RUnlock()
+	}
+}
+
+// release discards blocks whose freeing is now durable and returns them to
+// the allocator. Caller holds commitMu.
+func (s *Store) release(q []pext) {
+	if len(q) == 0 {
+		return
+	}
+	sort.Slice(q, func(i, j int) bool { return q[i].Start < q[j].Start })
+	merged := q[:1]
+	for _, e := range q[1:] {
+		last := &merged[len(merged)-1]
+		if last.end() == e.Start {
+			last.Len += e.Len
+		} else {
+			merged = append(merged, e)
+		}
+	}
+	for _, e := range merged {
+		err := s.be.Discard(s.dataOff+int64(e.Start*s.bs), int64(e.Len*s.bs))
+		if err == nil {
+			s.stats.Discards.Add(1)
+		} else if !errors.Is(err, backend.ErrUnsupported) {
+			s.log.WithError(err).Warn("discard of freed blocks failed")
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range merged {
+		if err := s.mu.alloc.free(e); err != nil {
+			s.log.WithError(err).Error("releasing freed blocks")
+		}
+	}
+}
+
+// replay applies the journal's commits after the checkpoint: commit
+// CkptSeq+1 at journal byte 0, then each following commit with the next
+// sequence number, until a page is not such a commit. A commit that fails
+// its checksum ends replay; it is a torn tail (normal after a crash) unless
+// a valid later commit follows it, which means damage in the middle.
+func (s *Store) replay() error {
+	jlen := int(s.journalLen)
+	buf := make([]byte, jlen+pageSize)
+	j := alignedPage(buf, jlen)
+	for off := 0; off < jlen; off += maxRunBytes {
+		n := min(maxRunBytes, jlen-off)
+		if _, err := s.be.ReadAt(j[off:off+n], journalOffset+int64(off)); err != nil {
+			return fmt.Errorf("read journal at %d: %w", off, err)
+		}
+		s.stats.metaRead(n)
+	}
+	expect := s.sb.CkptSeq + 1
+	off := 0
+	for off+pageSize <= jlen {
+		h, ok := decodeCommitHeader(j[off:], s.uuid)
+		if !ok || h.Seq != expect {
+			break
+		}
+		end := off + int(h.pages())*pageSize
+		if end > jlen {
+			break
+		}
+		payload, ok := verifyCommit(j[off:end], h)
+		if !ok {
+			break
+		}
+		recs, err := decodeRecords(payload, h.Count)
+		if err != nil {
+			s.openFindings = append(s.openFindings, Finding{Severity: Fatal, Code: CodeJournalRecord,
+				Message: fmt.Sprintf("journal commit %d at byte %d has a valid checksum but cannot be decoded: %v", h.Seq, off, err)})
+			break
+		}
+		for i := range recs {
+			s.applyRecord(&recs[i], h.Seq)
+		}
+		expect++
+		off = end
+	}
+	// Anything valid and newer past the stopping point means the stop was
+	// damage, not a torn tail.
+	for p := off + pageSize; p+pageSize <= jlen; p += pageSize {
+		h, ok := decodeCommitHeader(j[p:], s.uuid)
+		if !ok || h.Seq < expect {
+			continue
+		}
+		end := p + int(h.pages())*pageSize
+		if end > jlen {
+			continue
+		}
+		if _, ok := verifyCommit(j[p:end], h); ok {
+			s.openFindings = append(s.openFindings, Finding{Severity: Fatal, Code: CodeJournalBroken,
+				Message: fmt.Sprintf("journal is damaged at byte %d (commit %d expected) but commit %d at byte %d follows; the commits after the damage cannot be replayed", off, expect, h.Seq, p)})
+			break
+		}
+	}
+	s.jOff = int64(off)
+	s.mu.nextSeq = expect
+	s.mu.extents = 0
+	for _, d := range s.mu.disks {
+		s.mu.extents += d.m.Len()
+	}
+	return nil
+}
+
+// applyRecord replays one journal record onto the in-memory state during
+// Open. Inconsistencies become findings; replay goes on so that fsck sees
+// everything.
+func (s *Store) applyRecord(r *record, seq uint64) {
+	bad := func(format string, args ...any) {
+		s.openFindings = append(s.openFindings, Finding{Severity: Fatal, Code: CodeJournalRecord,
+			Message: fmt.Sprintf("journal commit %d: ", seq) + fmt.Sprintf(format, args...)})
+	}
+	d := s.mu.disks[r.ID]
+	if r.Type == recCreate {
+		if d != nil {
+			bad("creates disk %d, which already exists", r.ID)
+			return
+		}
+		d = s.newDisk(r.ID, r.Name, r.Attr)
+		s.mu.disks[r.ID] = d
+		if _, taken := s.mu.names[r.Name]; !taken {
+			s.mu.names[r.Name] = d
+		}
+		s.mu.nextID = max(s.mu.nextID, r.ID+1)
+		return
+	}
+	if d == nil {
+		bad("record type %d names disk %d, which does not exist", r.Type, r.ID)
+		return
+	}
+	switch r.Type {
+	case recAttr:
+		size := d.attr.Size
+		d.attr = r.Attr
+		d.attr.Size = size
+		d.atime.Store(r.Attr.Atime)
+		d.mtime.Store(r.Attr.Mtime)
+	case recSize:
+		d.attr.Size = r.Attr.Size
+		keep := (uint64(r.Attr.Size) + s.bs - 1) / s.bs
+		s.replayFree(d.m.Punch(keep, ^uint64(0)-keep, nil), bad)
+	case recRename:
+		if s.mu.names[d.name] == d {
+			delete(s.mu.names, d.name)
+		}
+		d.name = r.Name
+		s.mu.names[r.Name] = d
+	case recUnlink:
+		if s.mu.names[d.name] == d {
+			delete(s.mu.names, d.name)
+		}
+		d.orphan = true
+	case recDelete:
+		s.replayFree(d.m.Punch(0, ^uint64(0), nil), bad)
+		if s.mu.names[d.name] == d {
+			delete(s.mu.names, d.name)
+		}
+		delete(s.mu.disks, d.id)
+	case recMap:
+		if r.Phys >= s.sb.DataBlocks || r.Len > s.sb.DataBlocks-r.Phys {
+			bad("disk %d maps physical blocks [%d,+%d) outside the data region", d.id, r.Phys, r.Len)
+		} else if err := s.mu.alloc.take(pext{Start: r.Phys, Len: r.Len}); err != nil {
+			bad("disk %d maps physical blocks [%d,+%d) that are not free: %v", d.id, r.Phys, r.Len, err)
+		}
+		s.replayFree(d.m.Insert(blockmap.Extent{Virt: r.Virt, Phys: r.Phys, Len: r.Len}, nil), bad)
+	case recPunch:
+		s.replayFree(d.m.Punch(r.Virt, r.Len, nil), bad)
+	}
+}
+
+func (s *Store) replayFree(freed []blockmap.Extent, bad func(string, ...any)) {
+	for _, f := range freed {
+		if err := s.mu.alloc.free(pext{Start: f.Phys, Len: f.Len}); err != nil {
+			bad("freeing physical blocks [%d,+%d): %v", f.Phys, f.Len, err)
+		}
+	}
+}

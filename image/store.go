@@ -1,0 +1,762 @@
+package image
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/coalesce"
+	"github.com/vdiskfs/vdiskfs/image/backend"
+)
+
+// DefaultCommitInterval bounds how much acknowledged-but-unsynced work a
+// crash can lose: the store commits on this timer when anything is dirty.
+const DefaultCommitInterval = 5 * time.Second
+
+// maxRunBytes is the largest single backend data I/O. Runs longer than this
+// are split (one of the two reasons a run is ever split; the other is a
+// physical discontinuity).
+const maxRunBytes = 4 << 20
+
+// Options tune Open.
+type Options struct {
+	// Logger receives structured logs; nil means logrus.StandardLogger().
+	Logger logrus.FieldLogger
+	// ReadOnly opens without writing anything: no owner record, no
+	// commits, no replay side effects on disk. Disks may be read only.
+	ReadOnly bool
+	// Tolerant opens a store even when it has fatal findings (for fsck),
+	// read-only: a damaged store is checked or repaired, never written.
+	Tolerant bool
+	// Repair opens a damaged store, repairs every finding it can (see
+	// Repair) and writes a fresh checkpoint. Implies Tolerant.
+	Repair bool
+	// CommitInterval is the background commit period; 0 means
+	// DefaultCommitInterval, negative disables the timer.
+	CommitInterval time.Duration
+	// Strict runs Check after every commit and fails the commit on a
+	// finding. For tests.
+	Strict bool
+	// Program names the opener in the owner record ("vdisk mount").
+	Program string
+	// Force takes over a store whose owner record names another host. Only
+	// after that host is fenced.
+	Force bool
+}
+
+// Store is an open vdiskfs store: a catalog of disks on one backing target.
+//
+// Concurrency: every exported method is safe for concurrent use. Locks, in
+// the order they are taken:
+//
+//	commitMu  serialises commits, checkpoints, Check, Repair and Close;
+//	cut       shared by every state change (a map or catalog update together
+//	          with its journal records), exclusive for a checkpoint's capture
+//	          and for Check, so that both see one consistent cut;
+//	disk.mu   one disk's map and attributes;
+//	mu        the catalog, allocator, pending journal records and quarantine.
+//
+// No lock but a disk's range lock is held across backend data I/O; commitMu
+// is held across metadata I/O, which only commits and checkpoints do.
+type Store struct {
+	be         backend.Backend
+	log        logrus.FieldLogger
+	opts       Options
+	bs         uint64 // block size in bytes
+	dataOff    int64  // byte offset of data block 0
+	journalLen int64
+	uuid       [16]byte
+	pool       *coalesce.Pool
+	stats      Counters
+
+	// openFindings are problems found while opening (a bad superblock
+	// copy, a broken journal); Check reports them first.
+	openFindings []Finding
+
+	commitMu sync.Mutex
+	// Guarded by commitMu:
+	sb            superblock // as last written
+	jOff          int64      // next free byte in the journal
+	durableRec    uint64     // mu.recGen value covered by the last commit
+	flushedWrites uint64     // writeGen value covered by the last flush
+
+	cut sync.RWMutex
+
+	mu struct {
+		sync.Mutex
+		disks      map[uint64]*disk // every live disk, orphans included
+		names      map[string]*disk // named disks
+		nextID     uint64
+		alloc      *allocator
+		inflight   map[uint64]uint64 // allocated, data being written: start → len
+		quarantine []pext            // freed by records not yet durable
+		pending    []byte            // encoded records not yet committed
+		pendCount  uint32
+		recGen     uint64 // records ever appended
+		nextSeq    uint64 // sequence number of the next commit
+		extents    int    // extents in all maps, for the checkpoint reserve
+		failed     error  // set once a flush or metadata write failed
+		closed     bool
+		ckptExts   []pext // blocks of the current checkpoint
+	}
+
+	// writeGen counts completed backend data writes; a flush that starts
+	// after reading it makes all those writes durable.
+	writeGen atomic.Uint64
+
+	timerStop chan struct{}
+	timerDone chan struct{}
+}
+
+// FormatOptions describe a new store.
+type FormatOptions struct {
+	// BlockSize is the allocation unit: a power of two from 4 KiB to 1 MiB;
+	// 0 means DefaultBlockSize.
+	BlockSize int
+	// JournalSize in bytes; 0 chooses 1/64 of the store, between 1 MiB and
+	// 64 MiB.
+	JournalSize int64
+}
+
+// Format writes an empty store over the whole backing. Everything on it is
+// lost (it is not erased: a store never reads blocks it has not written).
+func Format(be backend.Backend, fo FormatOptions) error {
+	bs := uint64(fo.BlockSize)
+	if bs == 0 {
+		bs = DefaultBlockSize
+	}
+	if bs < MinBlockSize || bs > MaxBlockSize || bs&(bs-1) != 0 {
+		return fmt.Errorf("format: block size %d is not a power of two from %d to %d: %w", bs, MinBlockSize, MaxBlockSize, ErrInvalid)
+	}
+	size := uint64(be.Size())
+	jlen := uint64(fo.JournalSize)
+	if jlen == 0 {
+		jlen = min(max(size/64, 1<<20), 64<<20)
+	}
+	jlen = coalesce.RoundUp(jlen, pageSize)
+	dataOff := coalesce.RoundUp(journalOffset+jlen, max(dataAlign, bs))
+	if size < dataOff+16*bs {
+		return fmt.Errorf("format: backing of %d bytes is too small (need at least %d): %w", size, dataOff+16*bs, ErrInvalid)
+	}
+	sb := superblock{
+		Generation:  1,
+		BlockSize:   uint32(bs),
+		StoreSize:   size,
+		JournalOff:  journalOffset,
+		JournalLen:  jlen,
+		DataOff:     dataOff,
+		DataBlocks:  (size - dataOff) / bs,
+		CreatedNano: time.Now().UnixNano(),
+		State:       stateClean,
+	}
+	if _, err := rand.Read(sb.UUID[:]); err != nil {
+		return fmt.Errorf("format: uuid: %w", err)
+	}
+	// The first checkpoint is empty: no disks, everything free but itself.
+	s := &Store{be: be, bs: bs, dataOff: int64(dataOff), uuid: sb.UUID, pool: coalesce.NewPool(maxRunBytes), log: logrus.StandardLogger()}
+	s.sb = sb
+	s.mu.alloc = newAllocator(sb.DataBlocks)
+	if err := s.mu.alloc.free(pext{Start: 0, Len: sb.DataBlocks}); err != nil {
+		return fmt.Errorf("format: %w", err)
+	}
+	c := &checkpoint{Seq: 0, UUID: sb.UUID, NextID: 1}
+	exts, stream, err := s.writeCheckpointStream(c)
+	if err != nil {
+		return fmt.Errorf("format: %w", err)
+	}
+	sb.CkptExts, sb.CkptLen, sb.CkptCRC = exts, uint64(len(stream)), crc(stream)
+	if err := s.writeSuper(&sb); err != nil {
+		return fmt.Errorf("format: %w", err)
+	}
+	return nil
+}
+
+// FormatPath formats the store at path, creating a sparse file of size bytes
+// when nothing exists there (size is ignored for an existing file or device).
+func FormatPath(path string, size int64, fo FormatOptions) error {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if size <= 0 {
+			return fmt.Errorf("format %s: the file does not exist and no size was given: %w", path, ErrInvalid)
+		}
+		if err := backend.CreateFile(path, size); err != nil {
+			return fmt.Errorf("format %s: %w", path, err)
+		}
+	}
+	be, err := backend.Open(path, backend.OpenOptions{})
+	if err != nil {
+		return fmt.Errorf("format: %w", err)
+	}
+	if err := Format(be, fo); err != nil {
+		be.Close()
+		return fmt.Errorf("format %s: %w", path, err)
+	}
+	return be.Close()
+}
+
+// OpenPath opens the store at path (a file or block device) with its lock.
+func OpenPath(path string, opts Options) (*Store, error) {
+	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: opts.ReadOnly && !opts.Repair})
+	if err != nil {
+		if errors.Is(err, backend.ErrLocked) {
+			return nil, fmt.Errorf("open store %s: %w%s", path, err, describeOwner(path))
+		}
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	s, err := Open(be, opts)
+	if err != nil {
+		be.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// describeOwner reads the owner record of a locked store without taking the
+// lock, to name the holder in the error.
+func describeOwner(path string) string {
+	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: true, NoLock: true})
+	if err != nil {
+		return ""
+	}
+	defer be.Close()
+	sb, _, err := readSuperblocks(be)
+	if err != nil || sb.State != stateOpen {
+		return ""
+	}
+	return fmt.Sprintf(" (held by %s, pid %d on host %q since %s)", orUnknown(sb.Program), sb.OwnerPID, sb.Host,
+		time.Unix(0, sb.OpenedNano).Format(time.RFC3339))
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "an unknown program"
+	}
+	return s
+}
+
+// readSuperblocks reads both copies and returns the valid one with the
+// highest generation, plus findings about the other copy.
+func readSuperblocks(be backend.Backend) (*superblock, []Finding, error) {
+	buf := make([]byte, 2*pageSize+pageSize)
+	page := alignedPage(buf, 2*pageSize)
+	if _, err := be.ReadAt(page, superAOffset); err != nil {
+		return nil, nil, fmt.Errorf("read superblocks: %w", err)
+	}
+	a, errA := decodeSuperblock(page[:pageSize])
+	b, errB := decodeSuperblock(page[pageSize:])
+	var findings []Finding
+	switch {
+	case errA != nil && errB != nil:
+		return nil, nil, errA
+	case errA != nil:
+		findings = append(findings, Finding{Severity: Fatal, Code: CodeSuperblockCopy,
+			Message: fmt.Sprintf("superblock copy A is unreadable (%v); using copy B", errA)})
+		return b, findings, nil
+	case errB != nil:
+		findings = append(findings, Finding{Severity: Fatal, Code: CodeSuperblockCopy,
+			Message: fmt.Sprintf("superblock copy B is unreadable (%v); using copy A", errB)})
+		return a, findings, nil
+	case b.Generation > a.Generation:
+		// A crash between writing copy A and copy B leaves A older... or
+		// rather, we write A first, so B newer means A's write was lost.
+		return b, nil, nil
+	default:
+		return a, nil, nil
+	}
+}
+
+// alignedPage returns n bytes of buf starting at a 4096-aligned address;
+// buf must have n+4096 bytes.
+func alignedPage(buf []byte, n int) []byte {
+	for off := 0; off < pageSize; off++ {
+		if coalesce.IsAligned(buf[off:]) {
+			return buf[off : off+n]
+		}
+	}
+	panic("image: no aligned offset in buffer")
+}
+
+// Open opens a formatted store on be: it reads the superblocks and the
+// checkpoint, replays the journal, deletes disks that were unlinked while
+// open, records the owner, and (unless opts.Tolerant or opts.Repair) refuses
+// a store with fatal findings. The store takes ownership of be.
+func Open(be backend.Backend, opts Options) (*Store, error) {
+	if opts.Logger == nil {
+		opts.Logger = logrus.StandardLogger()
+	}
+	switch {
+	case opts.Repair:
+		opts.Tolerant, opts.ReadOnly = true, false
+	case opts.Tolerant:
+		opts.ReadOnly = true // a damaged store is checked, not written
+	}
+	sb, findings, err := readSuperblocks(be)
+	if err != nil {
+		return nil, err
+	}
+	if size := be.Size(); uint64(size) < sb.StoreSize {
+		return nil, fmt.Errorf("store is truncated: the backing has %d bytes, the superblock says %d: %w", size, sb.StoreSize, ErrCorrupt)
+	}
+	host, _ := os.Hostname()
+	if sb.State == stateOpen && sb.Host != host && !opts.Force && !opts.ReadOnly {
+		return nil, fmt.Errorf("store was opened by %s (pid %d) on host %q and not closed; fence that host, then open with --force: %w",
+			orUnknown(sb.Program), sb.OwnerPID, sb.Host, ErrOwned)
+	}
+	s := &Store{
+		be:           be,
+		log:          opts.Logger,
+		opts:         opts,
+		bs:           uint64(sb.BlockSize),
+		dataOff:      int64(sb.DataOff),
+		journalLen:   int64(sb.JournalLen),
+		uuid:         sb.UUID,
+		pool:         coalesce.NewPool(maxRunBytes),
+		openFindings: findings,
+		sb:           *sb,
+	}
+	s.mu.disks = make(map[uint64]*disk)
+	s.mu.names = make(map[string]*disk)
+	s.mu.inflight = make(map[uint64]uint64)
+	s.mu.alloc = newAllocator(sb.DataBlocks)
+	if err := s.loadCheckpoint(); err != nil {
+		return nil, err
+	}
+	if err := s.replay(); err != nil {
+		return nil, err
+	}
+	for _, f := range s.openFindings {
+		s.log.WithFields(logrus.Fields{"code": f.Code, "disk": f.Disk}).Warn(f.Message)
+	}
+	if !opts.ReadOnly {
+		s.deleteOrphans()
+		sb := s.sb
+		sb.Generation++
+		sb.State, sb.OwnerPID, sb.MountGen = stateOpen, uint32(os.Getpid()), sb.MountGen+1
+		sb.OpenedNano, sb.Host, sb.Program = time.Now().UnixNano(), host, opts.Program
+		if err := s.writeSuper(&sb); err != nil {
+			return nil, fmt.Errorf("record owner: %w", err)
+		}
+		s.sb = sb
+		// Both copies were just rewritten: a copy torn by a crash during
+		// the last superblock update is healed.
+		s.openFindings = slices.DeleteFunc(s.openFindings, func(f Finding) bool { return f.Code == CodeSuperblockCopy })
+	}
+	if !opts.Tolerant {
+		if rep := s.Check(); rep.Fatal() {
+			return nil, fmt.Errorf("store has %d fatal finding(s), first: %s; run vdisk fsck: %w", rep.FatalCount(), rep.FirstFatal(), ErrCorrupt)
+		}
+	}
+	if opts.Repair {
+		if _, err := s.Repair(); err != nil {
+			return nil, err
+		}
+	}
+	if !opts.ReadOnly && opts.CommitInterval >= 0 {
+		iv := opts.CommitInterval
+		if iv == 0 {
+			iv = DefaultCommitInterval
+		}
+		s.timerStop, s.timerDone = make(chan struct{}), make(chan struct{})
+		go s.commitTimer(iv)
+	}
+	return s, nil
+}
+
+// commitTimer commits every interval, bounding the loss window of writes
+// that no one fsyncs.
+func (s *Store) commitTimer(iv time.Duration) {
+	defer close(s.timerDone)
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.timerStop:
+			return
+		case <-t.C:
+			if err := s.Commit(); err != nil && !errors.Is(err, ErrClosed) {
+				s.log.WithError(err).Error("background commit failed")
+			}
+		}
+	}
+}
+
+// Close commits, writes a checkpoint (so the next open replays nothing),
+// marks the store clean and releases the backing. Disks still open are
+// closed with it.
+func (s *Store) Close() error {
+	if s.timerStop != nil {
+		close(s.timerStop)
+		<-s.timerDone
+		s.timerStop = nil
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	failed := s.mu.failed
+	s.mu.Unlock()
+	var err error
+	if !s.opts.ReadOnly && failed == nil {
+		if err = s.checkpointLocked(); err == nil {
+			sb := s.sb
+			sb.Generation++
+			sb.State, sb.OwnerPID, sb.OpenedNano, sb.Program = stateClean, 0, 0, ""
+			if err = s.writeSuper(&sb); err == nil {
+				s.sb = sb
+			}
+		}
+	}
+	s.mu.Lock()
+	s.mu.closed = true
+	s.mu.Unlock()
+	if cerr := s.be.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("close backing: %w", cerr)
+	}
+	if err == nil && failed != nil {
+		err = failed
+	}
+	return err
+}
+
+// fail poisons the store after a failed flush or metadata write: every later
+// write, commit and sync returns an error wrapping ErrFailed.
+func (s *Store) fail(err error) error {
+	s.mu.Lock()
+	if s.mu.failed == nil {
+		s.mu.failed = fmt.Errorf("%w: %w", ErrFailed, err)
+		s.log.WithError(err).Error("store failed: refusing further writes and syncs")
+	}
+	failed := s.mu.failed
+	s.mu.Unlock()
+	return failed
+}
+
+// usable returns the reason the store cannot take writes, if any. Caller
+// holds s.mu.
+func (s *Store) usableLocked() error {
+	switch {
+	case s.mu.closed:
+		return ErrClosed
+	case s.mu.failed != nil:
+		return s.mu.failed
+	case s.opts.ReadOnly:
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// appendLocked queues journal records. Caller holds s.cut (shared) and
+// s.mu, and the disk's mu when the record is about a disk.
+func (s *Store) appendLocked(recs ...record) {
+	for i := range recs {
+		s.mu.pending = appendRecord(s.mu.pending, &recs[i])
+	}
+	s.mu.pendCount += uint32(len(recs))
+	s.mu.recGen += uint64(len(recs))
+}
+
+// quarantineLocked holds freed blocks until the record that frees them is
+// durable (DESIGN.md, crash rule 3). Caller holds s.mu.
+func (s *Store) quarantineLocked(freed []blockmap.Extent) {
+	for _, f := range freed {
+		s.mu.quarantine = append(s.mu.quarantine, pext{Start: f.Phys, Len: f.Len})
+	}
+}
+
+// BlockSize returns the store's allocation unit in bytes.
+func (s *Store) BlockSize() int { return int(s.bs) }
+
+// DiskInfo describes a disk.
+type DiskInfo struct {
+	ID        uint64
+	Name      string
+	Size      int64
+	Mode      uint32
+	UID, GID  uint32
+	Atime     time.Time
+	Mtime     time.Time
+	Ctime     time.Time
+	Allocated int64 // bytes of blocks mapped
+	Extents   int
+}
+
+// Attr are the attributes given to a new disk. Zero times mean "now".
+type Attr struct {
+	Mode     uint32
+	UID, GID uint32
+	Atime    time.Time
+	Mtime    time.Time
+}
+
+// Create makes a new empty disk of size bytes.
+func (s *Store) Create(name string, size int64, a Attr) (DiskInfo, error) {
+	if err := ValidateName(name); err != nil {
+		return DiskInfo{}, fmt.Errorf("create disk: %w", err)
+	}
+	if size < 0 || size > MaxDiskSize {
+		return DiskInfo{}, fmt.Errorf("create disk %q: size %d: %w", name, size, ErrTooLarge)
+	}
+	now := time.Now().UnixNano()
+	attr := diskAttr{Size: size, Mode: a.Mode, UID: a.UID, GID: a.GID, Atime: nanos(a.Atime, now), Mtime: nanos(a.Mtime, now), Ctime: now}
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return DiskInfo{}, fmt.Errorf("create disk %q: %w", name, err)
+	}
+	if _, ok := s.mu.names[name]; ok {
+		return DiskInfo{}, fmt.Errorf("create disk %q: %w", name, ErrExist)
+	}
+	id := s.mu.nextID
+	s.mu.nextID++
+	d := s.newDisk(id, name, attr)
+	s.mu.disks[id] = d
+	s.mu.names[name] = d
+	s.appendLocked(record{Type: recCreate, ID: id, Attr: attr, Name: name})
+	return d.infoUnlocked(), nil
+}
+
+func nanos(t time.Time, def int64) int64 {
+	if t.IsZero() {
+		return def
+	}
+	return t.UnixNano()
+}
+
+func (s *Store) newDisk(id uint64, name string, attr diskAttr) *disk {
+	d := &disk{s: s, id: id, name: name, attr: attr, m: blockmap.New(), ranges: newRangeLock()}
+	d.mtime.Store(attr.Mtime)
+	d.atime.Store(attr.Atime)
+	return d
+}
+
+// Remove deletes a disk by name. If handles are open on it, the name goes
+// now and the blocks when the last handle closes (like unlink of an open
+// file); otherwise both go now. Freed blocks are reused only after the
+// removal is committed.
+func (s *Store) Remove(name string) error {
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	s.mu.Lock()
+	d, ok := s.mu.names[name]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("remove disk %q: %w", name, ErrNotExist)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return fmt.Errorf("remove disk %q: %w", name, err)
+	}
+	if s.mu.names[name] != d {
+		return fmt.Errorf("remove disk %q: %w", name, ErrNotExist) // renamed or removed meanwhile
+	}
+	if d.opens > 0 {
+		d.orphan = true
+		delete(s.mu.names, name)
+		s.appendLocked(record{Type: recUnlink, ID: d.id})
+		return nil
+	}
+	s.deleteDiskLocked(d)
+	return nil
+}
+
+// deleteDiskLocked frees every block of d and forgets it. Caller holds
+// s.cut shared, d.mu and s.mu; d has no open handles.
+func (s *Store) deleteDiskLocked(d *disk) {
+	s.mu.extents -= d.m.Len()
+	freed := d.m.Punch(0, ^uint64(0), nil)
+	d.deleted = true
+	if s.mu.names[d.name] == d {
+		delete(s.mu.names, d.name)
+	}
+	delete(s.mu.disks, d.id)
+	s.appendLocked(record{Type: recDelete, ID: d.id})
+	s.quarantineLocked(freed)
+}
+
+// deleteOrphans deletes disks that were unlinked while open when the store
+// last went down.
+func (s *Store) deleteOrphans() {
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	s.mu.Lock()
+	var orphans []*disk
+	for _, d := range s.mu.disks {
+		if d.orphan {
+			orphans = append(orphans, d)
+		}
+	}
+	s.mu.Unlock()
+	for _, d := range orphans {
+		s.log.WithField("disk_id", d.id).Info("deleting disk unlinked while open")
+		d.mu.Lock()
+		s.mu.Lock()
+		s.deleteDiskLocked(d)
+		s.mu.Unlock()
+		d.mu.Unlock()
+	}
+}
+
+// Rename renames a disk; a disk already called newName is removed first
+// (like rename(2)).
+func (s *Store) Rename(oldName, newName string) error {
+	if err := ValidateName(newName); err != nil {
+		return fmt.Errorf("rename %q: %w", oldName, err)
+	}
+	if oldName == newName {
+		if _, err := s.Stat(oldName); err != nil {
+			return fmt.Errorf("rename: %w", err)
+		}
+		return nil
+	}
+	s.mu.Lock()
+	_, replacing := s.mu.names[newName]
+	s.mu.Unlock()
+	if replacing {
+		if err := s.Remove(newName); err != nil && !errors.Is(err, ErrNotExist) {
+			return fmt.Errorf("rename %q over %q: %w", oldName, newName, err)
+		}
+	}
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	s.mu.Lock()
+	d, ok := s.mu.names[oldName]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("rename %q: %w", oldName, ErrNotExist)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usableLocked(); err != nil {
+		return fmt.Errorf("rename %q: %w", oldName, err)
+	}
+	if _, taken := s.mu.names[newName]; taken {
+		return fmt.Errorf("rename %q: %q: %w", oldName, newName, ErrExist)
+	}
+	delete(s.mu.names, oldName)
+	s.mu.names[newName] = d
+	d.name = newName
+	d.attr.Ctime = time.Now().UnixNano()
+	s.appendLocked(record{Type: recRename, ID: d.id, Name: newName})
+	return nil
+}
+
+// List returns every named disk, sorted by name.
+func (s *Store) List() []DiskInfo {
+	s.mu.Lock()
+	ds := make([]*disk, 0, len(s.mu.names))
+	for _, d := range s.mu.names {
+		ds = append(ds, d)
+	}
+	s.mu.Unlock()
+	out := make([]DiskInfo, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, d.info())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Stat describes the disk called name.
+func (s *Store) Stat(name string) (DiskInfo, error) {
+	s.mu.Lock()
+	d, ok := s.mu.names[name]
+	s.mu.Unlock()
+	if !ok {
+		return DiskInfo{}, fmt.Errorf("disk %q: %w", name, ErrNotExist)
+	}
+	return d.info(), nil
+}
+
+// Info describes the store as a whole.
+type Info struct {
+	UUID          string
+	Backing       string
+	BlockSize     int
+	StoreSize     int64 // bytes of backing
+	DataBlocks    uint64
+	FreeBlocks    uint64 // includes blocks waiting for a commit to be released
+	LargestFree   uint64 // blocks
+	Disks         int
+	Extents       int
+	JournalBytes  int64
+	JournalUsed   int64
+	CkptBytes     int64
+	Generation    uint64
+	MountGen      uint64
+	CreatedAt     time.Time
+	CapacityBytes int64 // data region bytes
+	FreeBytes     int64
+}
+
+// Info returns the store's capacity and use.
+func (s *Store) Info() Info {
+	s.commitMu.Lock()
+	sb, jOff := s.sb, s.jOff
+	s.commitMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var q uint64
+	for _, e := range s.mu.quarantine {
+		q += e.Len
+	}
+	free := s.mu.alloc.freeBlocks + q
+	return Info{
+		UUID:          fmt.Sprintf("%x-%x-%x-%x-%x", sb.UUID[0:4], sb.UUID[4:6], sb.UUID[6:8], sb.UUID[8:10], sb.UUID[10:16]),
+		Backing:       s.be.Describe(),
+		BlockSize:     int(s.bs),
+		StoreSize:     int64(sb.StoreSize),
+		DataBlocks:    sb.DataBlocks,
+		FreeBlocks:    free,
+		LargestFree:   s.mu.alloc.largest(),
+		Disks:         len(s.mu.names),
+		Extents:       s.mu.extents,
+		JournalBytes:  s.journalLen,
+		JournalUsed:   jOff,
+		CkptBytes:     int64(sb.CkptLen),
+		Generation:    sb.Generation,
+		MountGen:      sb.MountGen,
+		CreatedAt:     time.Unix(0, sb.CreatedNano),
+		CapacityBytes: int64(sb.DataBlocks * s.bs),
+		FreeBytes:     int64(free * s.bs),
+	}
+}
+
+// Counters returns a snapshot of the store's I/O counters.
+func (s *Store) Counters() CounterSnapshot { return s.stats.snapshot() }
+
+// writeSuper writes sb to both superblock copies, A then B, each flushed,
+// so that at every moment at least one copy is complete and current or
+// previous.
+func (s *Store) writeSuper(sb *superblock) error {
+	buf := make([]byte, 2*pageSize)
+	page := alignedPage(buf, pageSize)
+	sb.encode(page)
+	for _, off := range []int64{superAOffset, superBOffset} {
+		if _, err := s.be.WriteAt(page, off); err != nil {
+			return fmt.Errorf("write superblock at %d: %w", off, err)
+		}
+		s.stats.metaWrite(pageSize)
+		if err := s.be.Flush(); err != nil {
+			return fmt.Errorf("flush superblock: %w", err)
+		}
+		s.stats.Flushes.Add(1)
+	}
+	return nil
+}
