@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this through `make test`).
+# It installs what the tests need, then: gofmt, go vet, staticcheck, the race
+# detector over every package with concurrency (-short sizes), the full suite
+# without it, and a last look for mounts or loop devices left behind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*"; }
+
+# Debian packages the tests use: fio and qemu-img drive real clients through
+# the mount, e2fsprogs and util-linux (losetup) the file-system tests, fuse3
+# gives fusermount for non-root fallbacks.
+need_pkgs=()
+for pair in fio:fio qemu-img:qemu-utils mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3; do
+	cmd=${pair%%:*} pkg=${pair##*:}
+	command -v "$cmd" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+done
+if ((${#need_pkgs[@]})); then
+	if [ "$(id -u)" = 0 ]; then
+		log "installing ${need_pkgs[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq
+		apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+	else
+		echo "missing ${need_pkgs[*]} and not root: tests that need them will fail" >&2
+	fi
+fi
+
+log "go mod download"
+go mod download
+
+log "gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt would change:"; echo "$unformatted"; exit 1
+fi
+
+log "go vet"
+go vet ./...
+
+log "staticcheck"
+STATICCHECK_VERSION=v0.8.2
+if ! command -v staticcheck >/dev/null 2>&1; then
+	GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"
+fi
+"$(go env GOPATH)/bin/staticcheck" ./... 2>/dev/null || staticcheck ./...
+
+log "go test -race -short (every package)"
+go test -race -short -count=1 ./...
+
+log "go test (full sizes)"
+go test -count=1 -timeout 30m ./...
+
+log "nothing left behind"
+if grep -E ' fuse(\.vdiskfs|\.passthrough)? ' /proc/mounts | grep -E 'vdiskfs|passthrough'; then
+	echo "mounts left behind (above)"; exit 1
+fi
+if command -v losetup >/dev/null && losetup -a | grep -E 'vdisk|/tmp/'; then
+	echo "loop devices left behind (above)"; exit 1
+fi
+echo "all tests passed"
