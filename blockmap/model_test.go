@@ -31,10 +31,6 @@ func newModel(base uint64, size int) *model {
 // windowEnd is the first virtual block after the window.
 func (md *model) windowEnd() uint64 { return md.base + uint64(len(md.mapped)) }
 
-func (md *model) clone() *model {
-	return &model{base: md.base, mapped: slices.Clone(md.mapped), phys: slices.Clone(md.phys)}
-}
-
 // at returns the mapping of virtual block v.
 func (md *model) at(v uint64) (phys uint64, ok bool) {
 	if v < md.base || v >= md.windowEnd() {
