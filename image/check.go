@@ -32,6 +32,19 @@ func (s Severity) String() string {
 // MarshalText makes Severity readable in JSON.
 func (s Severity) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
+// UnmarshalText reads what MarshalText wrote.
+func (s *Severity) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "leak":
+		*s = Leak
+	case "fatal":
+		*s = Fatal
+	default:
+		return fmt.Errorf("unknown severity %q", b)
+	}
+	return nil
+}
+
 // Finding codes: stable identifiers for scripts and tests.
 const (
 	CodeSuperblockCopy   = "superblock-copy"     // one superblock copy is unreadable

@@ -250,7 +250,14 @@ func TestFsckFixtures(t *testing.T) {
 			mem := backend.NewMemFrom(img)
 			s, err = Open(mem, Options{Repair: true, CommitInterval: -1, Logger: quietLogger()})
 			if err != nil {
+				t.Fatalf("open for repair: %v", err)
+			}
+			actions, err := s.Repair()
+			if err != nil {
 				t.Fatalf("repair: %v", err)
+			}
+			for _, a := range actions {
+				t.Logf("repair: %s", a)
 			}
 			if rep := s.Check(); !rep.Clean() {
 				t.Fatalf("after repair: %v", rep.Findings)

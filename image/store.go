@@ -36,8 +36,8 @@ type Options struct {
 	// Tolerant opens a store even when it has fatal findings (for fsck),
 	// read-only: a damaged store is checked or repaired, never written.
 	Tolerant bool
-	// Repair opens a damaged store, repairs every finding it can (see
-	// Repair) and writes a fresh checkpoint. Implies Tolerant.
+	// Repair opens a damaged store read-write so that Store.Repair can
+	// fix it; call Repair before anything else. Implies Tolerant.
 	Repair bool
 	// CommitInterval is the background commit period; 0 means
 	// DefaultCommitInterval, negative disables the timer.
@@ -182,6 +182,7 @@ func Format(be backend.Backend, fo FormatOptions) error {
 // FormatPath formats the store at path, creating a sparse file of size bytes
 // when nothing exists there (size is ignored for an existing file or device).
 func FormatPath(path string, size int64, fo FormatOptions) error {
+	created := false
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		if size <= 0 {
 			return fmt.Errorf("format %s: the file does not exist and no size was given: %w", path, ErrInvalid)
@@ -189,13 +190,20 @@ func FormatPath(path string, size int64, fo FormatOptions) error {
 		if err := backend.CreateFile(path, size); err != nil {
 			return fmt.Errorf("format %s: %w", path, err)
 		}
+		created = true
 	}
 	be, err := backend.Open(path, backend.OpenOptions{})
 	if err != nil {
+		if errors.Is(err, backend.ErrLocked) {
+			return fmt.Errorf("format: %w%s", err, describeOwner(path))
+		}
 		return fmt.Errorf("format: %w", err)
 	}
 	if err := Format(be, fo); err != nil {
 		be.Close()
+		if created {
+			os.Remove(path)
+		}
 		return fmt.Errorf("format %s: %w", path, err)
 	}
 	return be.Close()
@@ -351,11 +359,6 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	if !opts.Tolerant {
 		if rep := s.Check(); rep.Fatal() {
 			return nil, fmt.Errorf("store has %d fatal finding(s), first: %s; run vdisk fsck: %w", rep.FatalCount(), rep.FirstFatal(), ErrCorrupt)
-		}
-	}
-	if opts.Repair {
-		if _, err := s.Repair(); err != nil {
-			return nil, err
 		}
 	}
 	if !opts.ReadOnly && opts.CommitInterval >= 0 {

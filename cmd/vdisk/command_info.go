@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// infoJSON is `vdisk info --json`. Sizes are in bytes, counts of blocks say so.
+type infoJSON struct {
+	UUID              string    `json:"uuid"`
+	Backing           string    `json:"backing"`
+	StoreSize         int64     `json:"store_size"`
+	BlockSize         int       `json:"block_size"`
+	Capacity          int64     `json:"capacity"`
+	DataBlocks        uint64    `json:"data_blocks"`
+	Used              int64     `json:"used"`
+	Free              int64     `json:"free"`
+	FreeBlocks        uint64    `json:"free_blocks"`
+	LargestFreeExtent int64     `json:"largest_free_extent"`
+	Disks             int       `json:"disks"`
+	Extents           int       `json:"extents"`
+	JournalSize       int64     `json:"journal_size"`
+	JournalUsed       int64     `json:"journal_used"`
+	CheckpointBytes   int64     `json:"checkpoint_bytes"`
+	Generation        uint64    `json:"generation"`
+	MountGeneration   uint64    `json:"mount_generation"`
+	Created           time.Time `json:"created"`
+}
+
+func newInfoCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "info STORE",
+		Short: "Show a store's capacity, use and metadata",
+		Args:  exactArgs("STORE"),
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			s, err := e.openStore(args[0], "info", true)
+			if err != nil {
+				return err
+			}
+			defer e.closeStore(s, &err)
+			in := s.Info()
+			bs := int64(in.BlockSize)
+			j := infoJSON{
+				UUID: in.UUID, Backing: in.Backing, StoreSize: in.StoreSize, BlockSize: in.BlockSize,
+				Capacity: in.CapacityBytes, DataBlocks: in.DataBlocks,
+				Used: in.CapacityBytes - in.FreeBytes, Free: in.FreeBytes, FreeBlocks: in.FreeBlocks,
+				LargestFreeExtent: int64(in.LargestFree) * bs,
+				Disks:             in.Disks, Extents: in.Extents,
+				JournalSize: in.JournalBytes, JournalUsed: in.JournalUsed, CheckpointBytes: in.CkptBytes,
+				Generation: in.Generation, MountGeneration: in.MountGen, Created: in.CreatedAt,
+			}
+			if asJSON {
+				return writeJSON(e, j)
+			}
+			pct := func(n int64) string {
+				if j.Capacity == 0 {
+					return ""
+				}
+				return fmt.Sprintf(" (%.1f%%)", 100*float64(n)/float64(j.Capacity))
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 0, 1, ' ', 0)
+			fmt.Fprintf(tw, "uuid:\t%s\n", j.UUID)
+			fmt.Fprintf(tw, "backing:\t%s, %s\n", j.Backing, formatSize(j.StoreSize))
+			fmt.Fprintf(tw, "block size:\t%s\n", formatSize(bs))
+			fmt.Fprintf(tw, "capacity:\t%s (%d blocks)\n", formatSize(j.Capacity), j.DataBlocks)
+			fmt.Fprintf(tw, "used:\t%s%s\n", formatSize(j.Used), pct(j.Used))
+			fmt.Fprintf(tw, "free:\t%s%s\n", formatSize(j.Free), pct(j.Free))
+			fmt.Fprintf(tw, "largest free extent:\t%s\n", formatSize(j.LargestFreeExtent))
+			fmt.Fprintf(tw, "disks:\t%d\n", j.Disks)
+			fmt.Fprintf(tw, "extents:\t%d\n", j.Extents)
+			fmt.Fprintf(tw, "journal:\t%s, %s used\n", formatSize(j.JournalSize), formatSize(j.JournalUsed))
+			fmt.Fprintf(tw, "checkpoint:\t%s\n", formatSize(j.CheckpointBytes))
+			fmt.Fprintf(tw, "generation:\t%d (opened for writing %d times)\n", j.Generation, j.MountGeneration)
+			fmt.Fprintf(tw, "created:\t%s\n", j.Created.Local().Format(time.RFC3339))
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON object")
+	return cmd
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/vdiskfs/vdiskfs/image"
+	"golang.org/x/sys/unix"
+)
+
+// openStore opens the store at path for the offline command cmd: no
+// background commits (the command closes the store, which commits and
+// checkpoints), the command named in the owner record, logs to e.log. An
+// open elsewhere fails with an error naming the holder.
+func (e *env) openStore(path, cmd string, readOnly bool) (*image.Store, error) {
+	return image.OpenPath(path, image.Options{
+		Logger:         e.log,
+		ReadOnly:       readOnly,
+		CommitInterval: -1,
+		Program:        "vdisk " + cmd,
+	})
+}
+
+// closeStore closes s and reports a failure through *errp; when the command
+// has already failed, a second error from Close is logged instead.
+func (e *env) closeStore(s *image.Store, errp *error) {
+	err := s.Close()
+	if err == nil {
+		return
+	}
+	err = fmt.Errorf("close store: %w", err)
+	if *errp == nil {
+		*errp = err
+	} else {
+		e.log.WithError(err).Error("closing the store after a failure")
+	}
+}
+
+// closeDisk closes a disk handle like closeStore.
+func (e *env) closeDisk(d *image.Disk, errp *error) {
+	err := d.Close()
+	if err == nil {
+		return
+	}
+	err = fmt.Errorf("close disk: %w", err)
+	if *errp == nil {
+		*errp = err
+	} else {
+		e.log.WithError(err).Error("closing the disk after a failure")
+	}
+}
+
+// progress is a byte progress bar on stderr, shown only when stderr is a
+// terminal; otherwise all its methods do nothing.
+type progress struct {
+	bar *progressbar.ProgressBar
+}
+
+func (e *env) newProgress(total int64, desc string) *progress {
+	if !e.isTerminal || total <= 0 {
+		return &progress{}
+	}
+	return &progress{bar: progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(e.stderr),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowTotalBytes(true),
+		progressbar.OptionUseIECUnits(true),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSetPredictTime(true),
+	)}
+}
+
+// set moves the bar to n bytes done.
+func (p *progress) set(n int64) {
+	if p.bar != nil {
+		_ = p.bar.Set64(n)
+	}
+}
+
+// done removes the bar from the terminal, whether the copy finished or not.
+func (p *progress) done() {
+	if p.bar != nil {
+		_ = p.bar.Clear()
+		_ = p.bar.Exit()
+	}
+}
+
+// copyChunk is the unit of reading in import and export.
+const copyChunk = 1 << 20
+
+// zeros is compared against to find all-zero blocks; never written.
+var zeros [copyChunk]byte
+
+func isZero(b []byte) bool {
+	for len(b) > len(zeros) {
+		if !bytes.Equal(b[:len(zeros)], zeros[:]) {
+			return false
+		}
+		b = b[len(zeros):]
+	}
+	return bytes.Equal(b, zeros[:len(b)])
+}
+
+// writeNonZero hands write the parts of buf, the bytes at offset off, that
+// are not all zeros, looking at bs-byte blocks from the start of buf (off
+// should be a multiple of bs so that they line up with the target's blocks);
+// the last block may be short. Consecutive non-zero blocks go in one call, so
+// large I/O stays large. It returns the bytes written.
+func writeNonZero(buf []byte, off int64, bs int, write func(p []byte, off int64) error) (int64, error) {
+	var written int64
+	start := -1 // start of the current run of non-zero blocks in buf
+	flush := func(end int) error {
+		if start < 0 {
+			return nil
+		}
+		err := write(buf[start:end], off+int64(start))
+		written += int64(end - start)
+		start = -1
+		return err
+	}
+	for i := 0; i < len(buf); i += bs {
+		end := min(i+bs, len(buf))
+		if isZero(buf[i:end]) {
+			if err := flush(i); err != nil {
+				return written, err
+			}
+		} else if start < 0 {
+			start = i
+		}
+	}
+	return written, flush(len(buf))
+}
+
+// fileDataRegions calls fn with each data region [start, end) of f, a file of
+// size bytes, in order, as SEEK_DATA and SEEK_HOLE find them. When the file
+// system cannot tell (they fail with EINVAL or EOPNOTSUPP), or useSeek is
+// false, the whole file is one region.
+func fileDataRegions(f *os.File, size int64, useSeek bool, fn func(start, end int64) error) error {
+	if size == 0 {
+		return nil
+	}
+	if !useSeek {
+		return fn(0, size)
+	}
+	fd := int(f.Fd())
+	for off := int64(0); off < size; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole from off to the end
+		}
+		if off == 0 && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
+			return fn(0, size)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: seek data at %d: %w", f.Name(), off, err)
+		}
+		if start >= size {
+			return nil
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("%s: seek hole at %d: %w", f.Name(), start, err)
+		}
+		end = min(end, size)
+		if end <= start {
+			return fmt.Errorf("%s: seek hole at %d returned %d", f.Name(), start, end)
+		}
+		if err := fn(start, end); err != nil {
+			return err
+		}
+		off = end
+	}
+	return nil
+}
+
+// diskDataRegions is fileDataRegions for a disk, with Disk.SeekData and
+// Disk.SeekHole.
+func diskDataRegions(d *image.Disk, fn func(start, end int64) error) error {
+	size := d.Size()
+	for off := int64(0); off < size; {
+		start, err := d.SeekData(off)
+		if errors.Is(err, image.ErrNoData) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		end, err := d.SeekHole(start)
+		if err != nil {
+			return err
+		}
+		end = min(end, size)
+		if end <= start {
+			return fmt.Errorf("seek hole at %d returned %d", start, end)
+		}
+		if err := fn(start, end); err != nil {
+			return err
+		}
+		off = end
+	}
+	return nil
+}
+
+// sameFile reports whether paths a and b name the same existing file.
+func sameFile(a, b string) bool {
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	sb, err := os.Stat(b)
+	return err == nil && os.SameFile(sa, sb)
+}
