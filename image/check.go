@@ -152,12 +152,21 @@ type ref struct {
 // nobody uses (used-but-free is fatal, used-by-nobody is a leak). It stops
 // writers while it runs; readers go on.
 func (s *Store) Check() *Report {
-	s.commitMu.Lock()
-	defer s.commitMu.Unlock()
-	return s.checkLocked()
+	return s.CheckProgress(nil)
 }
 
-func (s *Store) checkLocked() *Report {
+// CheckProgress is Check, calling progress now and then with the number
+// of extents checked so far and the total (for a progress bar on large
+// stores). progress may be nil.
+func (s *Store) CheckProgress(progress func(done, total int)) *Report {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	return s.checkLockedProgress(progress)
+}
+
+func (s *Store) checkLocked() *Report { return s.checkLockedProgress(nil) }
+
+func (s *Store) checkLockedProgress(progress func(done, total int)) *Report {
 	s.cut.Lock()
 	defer s.cut.Unlock()
 	rep := &Report{DataBlocks: s.sb.DataBlocks}
@@ -165,7 +174,7 @@ func (s *Store) checkLocked() *Report {
 	for _, f := range s.openFindings {
 		rep.add(f, counts)
 	}
-	refs, free, ds := s.collectRefs(rep, counts)
+	refs, free, ds := s.collectRefs(rep, counts, progress)
 	rep.Disks = len(ds)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Start < refs[j].Start })
 
@@ -227,12 +236,13 @@ func (s *Store) checkLocked() *Report {
 // physical blocks: disk extents (inside the data region), the checkpoint,
 // writes in flight and blocks waiting for their release to commit, and the
 // free map. Caller holds s.cut exclusively.
-func (s *Store) collectRefs(rep *Report, counts map[string]int) ([]ref, []pext, []*disk) {
+func (s *Store) collectRefs(rep *Report, counts map[string]int, progress func(done, total int)) ([]ref, []pext, []*disk) {
 	// Allocations and releases go on under s.mu alone (they do not need the
 	// cut), so the free map, writes in flight and the quarantine are read
 	// in one critical section.
 	s.mu.Lock()
 	free := s.mu.alloc.extents()
+	totalExtents := s.mu.extents
 	ds := make([]*disk, 0, len(s.mu.disks))
 	for _, d := range s.mu.disks {
 		ds = append(ds, d)
@@ -272,6 +282,9 @@ func (s *Store) collectRefs(rep *Report, counts map[string]int) ([]ref, []pext, 
 		sizeBlocks := (uint64(d.attr.Size) + s.bs - 1) / s.bs
 		d.m.Ascend(func(e blockmap.Extent) bool {
 			rep.Extents++
+			if progress != nil && rep.Extents%65536 == 0 {
+				progress(rep.Extents, max(totalExtents, rep.Extents))
+			}
 			if e.Phys >= total || e.Len > total-e.Phys {
 				rep.add(Finding{Severity: Fatal, Code: CodeExtentOutside, Disk: label,
 					Message: fmt.Sprintf("bytes [%d,%d) map to physical blocks [%d,+%d), outside the data region of %d blocks",
@@ -286,6 +299,9 @@ func (s *Store) collectRefs(rep *Report, counts map[string]int) ([]ref, []pext, 
 			return true
 		})
 		d.mu.RUnlock()
+	}
+	if progress != nil {
+		progress(rep.Extents, rep.Extents)
 	}
 	return refs, free, ds
 }

@@ -537,3 +537,20 @@ func ExampleStore() {
 	fmt.Println(d.Stat().Size, d.Stat().Allocated)
 	// Output: 1073741824 4096
 }
+
+// CheckProgress reports extents checked, ending at the total.
+func TestCheckProgress(t *testing.T) {
+	ms := newMemStore(t, 32<<20, FormatOptions{})
+	d := mustCreate(t, ms.s, "d.raw", 0)
+	defer d.Close()
+	for i := int64(0); i < 100; i++ {
+		if _, err := d.WriteAt([]byte{1}, i*3*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var last, total int
+	rep := ms.s.CheckProgress(func(done, tot int) { last, total = done, tot })
+	if !rep.Clean() || rep.Extents != 100 || last != 100 || total != 100 {
+		t.Fatalf("progress %d/%d, report %+v", last, total, rep)
+	}
+}

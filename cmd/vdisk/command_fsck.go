@@ -107,7 +107,7 @@ func runFsck(e *env, path string, repair, force, asJSON bool) error {
 		res.Findings = []fsckFinding{{Severity: image.Fatal.String(), Code: codeUnreadable, Message: err.Error()}}
 		return finishFsck(e, &res, exitUncorrected, nil, asJSON)
 	}
-	rep := s.Check()
+	rep := e.checkWithProgress(s)
 	res.fsckCheck = checkOf(rep, s.BlockSize())
 	before := s.List()
 	if err := s.Close(); err != nil {
@@ -266,4 +266,17 @@ func printCheck(e *env, prefix string, c fsckCheck) {
 	}
 	fmt.Fprintf(e.stdout, "%s%d disks, %d extents; %d used, %d free, %d leaked of %d blocks of %s\n",
 		prefix, sm.Disks, sm.Extents, sm.UsedBlocks, sm.FreeBlocks, sm.LeakedBlocks, sm.DataBlocks, formatSize(int64(sm.BlockSize)))
+}
+
+// checkWithProgress runs Store.Check with a progress bar (in extents) on a
+// terminal, for stores large enough to make the wait noticeable.
+func (e *env) checkWithProgress(s *image.Store) *image.Report {
+	const showAbove = 200000 // extents; below this Check takes well under a second
+	total := s.Info().Extents
+	if total < showAbove {
+		return s.Check()
+	}
+	bar := e.newProgressOf(int64(total), "checking extents", false)
+	defer bar.done()
+	return s.CheckProgress(func(done, _ int) { bar.set(int64(done)) })
 }

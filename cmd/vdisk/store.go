@@ -61,19 +61,26 @@ type progress struct {
 }
 
 func (e *env) newProgress(total int64, desc string) *progress {
+	return e.newProgressOf(total, desc, true)
+}
+
+// newProgressOf is newProgress for a count of bytes (inBytes) or of items.
+func (e *env) newProgressOf(total int64, desc string, inBytes bool) *progress {
 	if !e.isTerminal || total <= 0 {
 		return &progress{}
 	}
-	return &progress{bar: progressbar.NewOptions64(total,
+	opts := []progressbar.Option{
 		progressbar.OptionSetWriter(e.stderr),
 		progressbar.OptionSetDescription(desc),
-		progressbar.OptionShowBytes(true),
-		progressbar.OptionShowTotalBytes(true),
-		progressbar.OptionUseIECUnits(true),
 		progressbar.OptionSetWidth(30),
-		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionThrottle(100 * time.Millisecond),
 		progressbar.OptionSetPredictTime(true),
-	)}
+		progressbar.OptionShowCount(),
+	}
+	if inBytes {
+		opts = append(opts, progressbar.OptionShowBytes(true), progressbar.OptionShowTotalBytes(true), progressbar.OptionUseIECUnits(true))
+	}
+	return &progress{bar: progressbar.NewOptions64(total, opts...)}
 }
 
 // set moves the bar to n bytes done.
