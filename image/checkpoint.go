@@ -88,10 +88,9 @@ func (s *Store) checkpointLocked() error {
 		}
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	if err := s.be.Flush(); err != nil {
+	if err := s.flush(); err != nil {
 		return s.fail(fmt.Errorf("flush checkpoint %d: %w", seq, err))
 	}
-	s.stats.Flushes.Add(1)
 	sb := s.sb
 	sb.Generation++
 	sb.CkptSeq, sb.CkptLen, sb.CkptCRC, sb.CkptExts = seq, uint64(len(stream)), crc(stream), exts
@@ -111,10 +110,9 @@ func (s *Store) checkpointLocked() error {
 }
 
 func (s *Store) flushData() error {
-	if err := s.be.Flush(); err != nil {
+	if err := s.flush(); err != nil {
 		return s.fail(fmt.Errorf("flush data: %w", err))
 	}
-	s.stats.Flushes.Add(1)
 	return nil
 }
 

@@ -29,6 +29,8 @@ type disk struct {
 	// Guarded by s.mu:
 	opens int
 
+	counters diskCounters
+
 	// Access and modification times change on every I/O; they are kept
 	// outside mu and journalled lazily, at the next commit.
 	atime, mtime atomic.Int64
@@ -188,6 +190,7 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
 	d.mu.RUnlock()
+	s.countLookup(sc.segs)
 
 	buf := p[:n]
 	aligned := uint64(off)%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
@@ -203,6 +206,9 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 	}
 	s.stats.ReadRequests.Add(1)
 	s.stats.ReadRequestBytes.Add(uint64(n))
+	s.stats.ReadRequestSize.Observe(float64(n))
+	d.counters.reads.Add(1)
+	d.counters.readBytes.Add(uint64(n))
 	if n < int64(len(p)) {
 		return int(n), io.EOF
 	}
@@ -220,13 +226,12 @@ func (s *Store) readRuns(sc *scratch, buf []byte, first uint64) error {
 		}
 	}
 	sc.runs = coalesce.Runs(sc.runs[:0], sc.segs, first, bs, maxRunBytes/bs)
+	s.countCoalesce(sc.segs, sc.runs)
 	for _, r := range sc.runs {
 		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(len(buf)))]
-		if _, err := s.be.ReadAt(b, s.dataOff+int64(r.Phys*bs)); err != nil {
-			s.stats.Errors.Add(1)
+		if err := s.readData(b, r.Phys); err != nil {
 			return err
 		}
-		s.stats.dataRead(len(b))
 	}
 	return nil
 }
@@ -253,8 +258,12 @@ func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
 	if err := d.writeLocked(p, off); err != nil {
 		return 0, err
 	}
-	d.s.stats.WriteRequests.Add(1)
-	d.s.stats.WriteRequestBytes.Add(uint64(len(p)))
+	c := &d.s.stats
+	c.WriteRequests.Add(1)
+	c.WriteRequestBytes.Add(uint64(len(p)))
+	c.WriteRequestSize.Observe(float64(len(p)))
+	d.counters.writes.Add(1)
+	d.counters.writeBytes.Add(uint64(len(p)))
 	return len(p), nil
 }
 
@@ -274,6 +283,7 @@ func (d *disk) writeLocked(p []byte, off int64) error {
 	sc.segs = d.m.Lookup(sc.segs, first, count)
 	prev, hasPrev := d.m.Before(first)
 	d.mu.RUnlock()
+	s.countLookup(sc.segs)
 
 	// The buffer covering whole blocks [first, first+count): the caller's
 	// own when the write is block-aligned in offset, length and memory;
@@ -329,14 +339,12 @@ func (d *disk) writeLocked(p []byte, off int64) error {
 	}
 
 	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
+	s.countCoalesce(sc.out, sc.runs)
 	for _, r := range sc.runs {
-		b := buf[r.BufOff : r.BufOff+r.Blocks*bs]
-		if _, err := s.be.WriteAt(b, s.dataOff+int64(r.Phys*bs)); err != nil {
-			s.stats.Errors.Add(1)
+		if err := s.writeData(buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys); err != nil {
 			s.unallocate(sc.allocs)
 			return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
 		}
-		s.stats.dataWrite(len(b))
 	}
 	s.writeGen.Add(1)
 	d.touch()
@@ -399,14 +407,25 @@ func (s *Store) fillBlock(dst []byte, segs []blockmap.Segment, v uint64) error {
 			clear(dst)
 			return nil
 		}
-		if _, err := s.be.ReadAt(dst, s.dataOff+int64((sg.Phys+v-sg.Virt)*s.bs)); err != nil {
-			s.stats.Errors.Add(1)
-			return err
-		}
-		s.stats.dataRead(len(dst))
-		return nil
+		return s.readData(dst, sg.Phys+v-sg.Virt)
 	}
 	panic(fmt.Sprintf("image: block %d not in lookup segments", v))
+}
+
+func (s *Store) countLookup(segs []blockmap.Segment) {
+	s.stats.Lookups.Add(1)
+	s.stats.LookupSegments.Add(uint64(len(segs)))
+}
+
+func (s *Store) countCoalesce(segs []blockmap.Segment, runs []coalesce.Run) {
+	pieces := 0
+	for _, sg := range segs {
+		if !sg.Hole {
+			pieces++
+		}
+	}
+	s.stats.CoalescePieces.Add(uint64(pieces))
+	s.stats.CoalesceRuns.Add(uint64(len(runs)))
 }
 
 // writable returns why the store cannot take writes, if it cannot.
@@ -435,6 +454,10 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal bool) ([]pext, err
 			dst, err = s.mu.alloc.alloc(dst, n, goal, hasGoal)
 			for _, e := range dst[start:] {
 				s.mu.inflight[e.Start] = e.Len
+			}
+			if err == nil {
+				s.stats.Allocations.Add(1)
+				s.stats.AllocatedBlocks.Add(n)
 			}
 		}
 		canRetry := len(s.mu.quarantine) > 0
@@ -480,18 +503,13 @@ func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
 	}
 	buf := s.pool.Get(int(s.bs))
 	defer s.pool.Put(buf)
-	at := s.dataOff + int64(segs[0].Phys*s.bs)
-	if _, err := s.be.ReadAt(buf, at); err != nil {
-		s.stats.Errors.Add(1)
+	if err := s.readData(buf, segs[0].Phys); err != nil {
 		return err
 	}
-	s.stats.dataRead(len(buf))
 	fn(buf)
-	if _, err := s.be.WriteAt(buf, at); err != nil {
-		s.stats.Errors.Add(1)
+	if err := s.writeData(buf, segs[0].Phys); err != nil {
 		return err
 	}
-	s.stats.dataWrite(len(buf))
 	s.writeGen.Add(1)
 	return nil
 }

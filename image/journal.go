@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/image/backend"
@@ -69,10 +70,10 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 	}
 	s.mu.Unlock()
 
-	if err := s.be.Flush(); err != nil {
+	start := time.Now()
+	if err := s.flush(); err != nil {
 		return s.fail(fmt.Errorf("flush data before commit %d: %w", seq, err))
 	}
-	s.stats.Flushes.Add(1)
 	s.flushedWrites = writes
 	if count > 0 {
 		buf := s.pool.Get(int(size))
@@ -83,10 +84,10 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 			return s.fail(fmt.Errorf("write journal commit %d at %d: %w", seq, s.jOff, err))
 		}
 		s.stats.metaWrite(int(size))
-		if err := s.be.Flush(); err != nil {
+		if err := s.flush(); err != nil {
 			return s.fail(fmt.Errorf("flush journal commit %d: %w", seq, err))
 		}
-		s.stats.Flushes.Add(1)
+		s.stats.CommitLatency.observeSince(start)
 		s.stats.Commits.Add(1)
 		s.stats.JournalBytes.Add(uint64(size))
 		s.jOff += size

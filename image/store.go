@@ -162,6 +162,7 @@ func Format(be backend.Backend, fo FormatOptions) error {
 	}
 	// The first checkpoint is empty: no disks, everything free but itself.
 	s := &Store{be: be, bs: bs, dataOff: int64(dataOff), uuid: sb.UUID, pool: coalesce.NewPool(maxRunBytes), log: logrus.StandardLogger()}
+	s.stats.init()
 	s.sb = sb
 	s.mu.alloc = newAllocator(sb.DataBlocks)
 	if err := s.mu.alloc.free(pext{Start: 0, Len: sb.DataBlocks}); err != nil {
@@ -329,6 +330,7 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 		openFindings: findings,
 		sb:           *sb,
 	}
+	s.stats.init()
 	s.mu.disks = make(map[uint64]*disk)
 	s.mu.names = make(map[string]*disk)
 	s.mu.inflight = make(map[uint64]uint64)
@@ -756,10 +758,9 @@ func (s *Store) writeSuper(sb *superblock) error {
 			return fmt.Errorf("write superblock at %d: %w", off, err)
 		}
 		s.stats.metaWrite(pageSize)
-		if err := s.be.Flush(); err != nil {
+		if err := s.flush(); err != nil {
 			return fmt.Errorf("flush superblock: %w", err)
 		}
-		s.stats.Flushes.Add(1)
 	}
 	return nil
 }
