@@ -129,6 +129,18 @@ var latencyBounds = []float64{
 	1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1, 2, 5, 10,
 }
 
+// NewLatencyHistogram returns a histogram with the store's latency buckets
+// (10 µs to 10 s, in seconds), for layers above the store to time their
+// own operations alike.
+func NewLatencyHistogram() *Histogram {
+	h := &Histogram{}
+	h.init(latencyBounds)
+	return h
+}
+
+// Snapshot copies the histogram.
+func (h *Histogram) Snapshot() HistogramSnapshot { return h.snapshot() }
+
 func (h *Histogram) init(bounds []float64) {
 	h.bounds = bounds
 	h.counts = make([]atomic.Uint64, len(bounds)+1)

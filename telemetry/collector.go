@@ -1,0 +1,144 @@
+package telemetry
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vdiskfs/vdiskfs/image"
+)
+
+// Collector turns snapshots of a Source into Prometheus metrics at each
+// scrape.
+type Collector struct {
+	src Source
+}
+
+// NewCollector returns a Collector of src.
+func NewCollector(src Source) *Collector { return &Collector{src: src} }
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc("vdiskfs_"+name, help, labels, nil)
+}
+
+var (
+	dRequests        = desc("requests_total", "Disk read and write requests (one per FUSE read or write).", "op")
+	dRequestBytes    = desc("request_bytes_total", "Bytes asked for by disk requests.", "op")
+	dRequestSize     = desc("request_size_bytes", "Size of disk requests.", "op")
+	dLookups         = desc("map_lookups_total", "Extent-map lookups of a request's block range.")
+	dLookupSegments  = desc("map_lookup_segments_total", "Data and hole segments returned by map lookups.")
+	dAllocations     = desc("map_allocations_total", "Allocations of new blocks for writes.")
+	dAllocatedBlocks = desc("map_allocated_blocks_total", "Blocks allocated for writes.")
+	dExtents         = desc("map_extents", "Extents held by all disk maps.")
+	dPieces          = desc("coalesce_pieces_total", "Mapped pieces handed to the coalescer.")
+	dRuns            = desc("coalesce_runs_total", "Backend runs the coalescer produced (one per contiguous stretch).")
+	dBackendIOs      = desc("backend_ios_total", "Backend I/Os.", "kind")
+	dBackendBytes    = desc("backend_bytes_total", "Backend bytes transferred.", "kind")
+	dBackendSize     = desc("backend_io_size_bytes", "Size of backend data I/Os.", "op")
+	dBackendLatency  = desc("backend_latency_seconds", "Latency of backend data I/Os.", "op")
+	dBackendErrors   = desc("backend_errors_total", "Backend errors.")
+	dFlushes         = desc("backend_flushes_total", "Backend flushes (cache flush / fdatasync).")
+	dFlushLatency    = desc("backend_flush_latency_seconds", "Latency of backend flushes.")
+	dDiscards        = desc("backend_discards_total", "Discards passed down for freed blocks.")
+	dCommits         = desc("journal_commits_total", "Journal commits written.")
+	dJournalBytes    = desc("journal_bytes_total", "Journal bytes written.")
+	dCommitLatency   = desc("journal_commit_latency_seconds", "Latency of a whole commit (flush, write, flush).")
+	dCheckpoints     = desc("checkpoints_total", "Checkpoints written.")
+	dCapacity        = desc("capacity_bytes", "Bytes of the data region.")
+	dFree            = desc("free_bytes", "Free bytes, including blocks waiting for a commit.")
+	dLargestFree     = desc("largest_free_extent_bytes", "Largest free extent.")
+	dDiskSize        = desc("disk_size_bytes", "Disk size.", "disk")
+	dDiskAllocated   = desc("disk_allocated_bytes", "Bytes of blocks a disk maps.", "disk")
+	dDiskExtents     = desc("disk_extents", "Extents of a disk's map.", "disk")
+	dDiskRequests    = desc("disk_requests_total", "Requests per disk.", "disk", "op")
+	dDiskBytes       = desc("disk_request_bytes_total", "Request bytes per disk.", "disk", "op")
+	dFUSELatency     = desc("fuse_request_latency_seconds", "Latency of FUSE requests by operation.", "op")
+)
+
+var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
+	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
+	dBackendErrors, dFlushes, dFlushLatency, dDiscards, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
+	dCapacity, dFree, dLargestFree, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	m := c.src.Metrics()
+	k := m.Counters
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	hist := func(d *prometheus.Desc, name string, labels ...string) {
+		if h, ok := m.Histograms[name]; ok {
+			ch <- constHistogram(d, h, labels...)
+		}
+	}
+	counter(dRequests, k.ReadRequests, "read")
+	counter(dRequests, k.WriteRequests, "write")
+	counter(dRequestBytes, k.ReadRequestBytes, "read")
+	counter(dRequestBytes, k.WriteRequestBytes, "write")
+	hist(dRequestSize, "read_request_size_bytes", "read")
+	hist(dRequestSize, "write_request_size_bytes", "write")
+	counter(dLookups, k.Lookups)
+	counter(dLookupSegments, k.LookupSegments)
+	counter(dAllocations, k.Allocations)
+	counter(dAllocatedBlocks, k.AllocatedBlocks)
+	gauge(dExtents, float64(m.Extents))
+	counter(dPieces, k.CoalescePieces)
+	counter(dRuns, k.CoalesceRuns)
+	counter(dBackendIOs, k.DataReads, "data_read")
+	counter(dBackendIOs, k.DataWrites, "data_write")
+	counter(dBackendIOs, k.MetaReads, "meta_read")
+	counter(dBackendIOs, k.MetaWrites, "meta_write")
+	counter(dBackendBytes, k.DataReadBytes, "data_read")
+	counter(dBackendBytes, k.DataWriteBytes, "data_write")
+	counter(dBackendBytes, k.MetaReadBytes, "meta_read")
+	counter(dBackendBytes, k.MetaWriteBytes, "meta_write")
+	hist(dBackendSize, "data_read_size_bytes", "read")
+	hist(dBackendSize, "data_write_size_bytes", "write")
+	hist(dBackendLatency, "data_read_latency_seconds", "read")
+	hist(dBackendLatency, "data_write_latency_seconds", "write")
+	counter(dBackendErrors, k.Errors)
+	counter(dFlushes, k.Flushes)
+	hist(dFlushLatency, "flush_latency_seconds")
+	counter(dDiscards, k.Discards)
+	counter(dCommits, k.Commits)
+	counter(dJournalBytes, k.JournalBytes)
+	hist(dCommitLatency, "journal_commit_latency_seconds")
+	counter(dCheckpoints, k.Checkpoints)
+	bs := float64(m.BlockSize)
+	gauge(dCapacity, float64(m.DataBlocks)*bs)
+	gauge(dFree, float64(m.FreeBlocks)*bs)
+	gauge(dLargestFree, float64(m.LargestFreeBlock)*bs)
+	for _, d := range m.Disks {
+		gauge(dDiskSize, float64(d.Size), d.Name)
+		gauge(dDiskAllocated, float64(d.Allocated), d.Name)
+		gauge(dDiskExtents, float64(d.Extents), d.Name)
+		counter(dDiskRequests, d.ReadRequests, d.Name, "read")
+		counter(dDiskRequests, d.WriteRequests, d.Name, "write")
+		counter(dDiskBytes, d.ReadRequestBytes, d.Name, "read")
+		counter(dDiskBytes, d.WriteRequestBytes, d.Name, "write")
+	}
+	for op, h := range c.src.OpMetrics() {
+		ch <- constHistogram(dFUSELatency, h, op)
+	}
+}
+
+// constHistogram converts a snapshot (per-bucket counts) to Prometheus'
+// cumulative buckets.
+func constHistogram(d *prometheus.Desc, h image.HistogramSnapshot, labels ...string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(h.Bounds))
+	var cum uint64
+	for i, b := range h.Bounds {
+		cum += h.Counts[i]
+		buckets[b] = cum
+	}
+	return prometheus.MustNewConstHistogram(d, h.Count, h.Sum, buckets, labels...)
+}

@@ -1,0 +1,174 @@
+// Package telemetry exposes a mounted store's counters: as Prometheus
+// metrics (on an opt-in loopback TCP listener, `vdisk mount --metrics`) and,
+// always, on a per-mount Unix socket that `vdisk stats MNT` reads, so that
+// stats need no flags at mount time.
+//
+// Every figure comes from image.Store.Metrics (requests, map, coalescer,
+// backend, journal, allocator, per disk) and from the FUSE layer's per-op
+// counts and latencies (fs.Server.OpMetrics). Nothing here counts on its own:
+// it only translates snapshots, so scraping costs the I/O path nothing.
+//
+// Concurrency: Collector and the HTTP handlers are safe for concurrent use;
+// each scrape takes fresh snapshots.
+package telemetry
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vdiskfs/vdiskfs/image"
+)
+
+// Source is what a mount offers to telemetry.
+type Source interface {
+	// Metrics is the store's snapshot.
+	Metrics() image.Metrics
+	// OpMetrics is the FUSE layer's latency histogram per operation name
+	// (count included); it may be empty.
+	OpMetrics() map[string]image.HistogramSnapshot
+}
+
+// Stats is the JSON document of `vdisk stats --json` and of GET /stats.
+type Stats struct {
+	Time       time.Time                          `json:"time"`
+	Mountpoint string                             `json:"mountpoint"`
+	Store      string                             `json:"store"`
+	PID        int                                `json:"pid"`
+	Metrics    image.Metrics                      `json:"store_metrics"`
+	FUSE       map[string]image.HistogramSnapshot `json:"fuse_ops"`
+}
+
+// Handler serves GET /stats (JSON) and GET /metrics (Prometheus text).
+func Handler(src Source, mountpoint, store string) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(src))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
+		st := Stats{Time: time.Now(), Mountpoint: mountpoint, Store: store, PID: os.Getpid(),
+			Metrics: src.Metrics(), FUSE: src.OpMetrics()}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(st)
+	})
+	return mux
+}
+
+// SocketPath is where the mount at mountpoint (absolute) listens:
+// /run/vdiskfs for root, else $XDG_RUNTIME_DIR/vdiskfs (or the temp dir),
+// named by a hash of the mount point.
+func SocketPath(mountpoint string) string {
+	dir := "/run/vdiskfs"
+	if os.Geteuid() != 0 {
+		if rt := os.Getenv("XDG_RUNTIME_DIR"); rt != "" {
+			dir = filepath.Join(rt, "vdiskfs")
+		} else {
+			dir = filepath.Join(os.TempDir(), fmt.Sprintf("vdiskfs-%d", os.Geteuid()))
+		}
+	}
+	sum := sha256.Sum256([]byte(mountpoint))
+	return filepath.Join(dir, hex.EncodeToString(sum[:8])+".sock")
+}
+
+// Serve listens on the mount's Unix socket and, when metricsAddr is not
+// empty, on that TCP address too (it must be a loopback address unless
+// allowRemote). It returns a function that stops both.
+func Serve(h http.Handler, mountpoint, metricsAddr string, allowRemote bool) (stop func(), err error) {
+	var servers []*http.Server
+	closeAll := func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}
+	stop = closeAll
+	sock := SocketPath(mountpoint)
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		return stop, fmt.Errorf("stats socket directory: %w", err)
+	}
+	os.Remove(sock) // left by a killed daemon; the store lock proves it is ours now
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		return stop, fmt.Errorf("stats socket: %w", err)
+	}
+	servers = append(servers, serve(h, ul))
+	if metricsAddr != "" {
+		if !allowRemote {
+			if err := requireLoopback(metricsAddr); err != nil {
+				closeAll()
+				return stop, err
+			}
+		}
+		tl, err := net.Listen("tcp", metricsAddr)
+		if err != nil {
+			closeAll()
+			return stop, fmt.Errorf("metrics listener: %w", err)
+		}
+		servers = append(servers, serve(h, tl))
+	}
+	return func() {
+		closeAll()
+		os.Remove(sock)
+	}, nil
+}
+
+func serve(h http.Handler, l net.Listener) *http.Server {
+	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go s.Serve(l)
+	return s
+}
+
+// requireLoopback refuses a listen address that is not on loopback: the
+// metrics endpoint names disks and has no authentication.
+func requireLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("metrics address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("metrics address %q is not a loopback address (127.0.0.1, ::1, localhost)", addr)
+	}
+	return nil
+}
+
+// ErrNotServing: no vdiskfs daemon answers for that mount point.
+var ErrNotServing = errors.New("telemetry: no vdiskfs mount is serving there")
+
+// Fetch reads the stats of the mount at mountpoint through its socket.
+func Fetch(mountpoint string) (*Stats, error) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return nil, err
+	}
+	sock := SocketPath(abs)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}
+	resp, err := c.Get("http://vdiskfs/stats")
+	if err != nil {
+		return nil, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
+	}
+	defer resp.Body.Close()
+	var st Stats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return nil, fmt.Errorf("stats of %s: %w", abs, err)
+	}
+	return &st, nil
+}

@@ -1,0 +1,155 @@
+package telemetry
+
+import (
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ncw/directio"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/image/backend"
+)
+
+// storeSource is a Source over a real store on the memory backend.
+type storeSource struct {
+	s   *image.Store
+	ops map[string]image.HistogramSnapshot
+}
+
+func (s storeSource) Metrics() image.Metrics                        { return s.s.Metrics() }
+func (s storeSource) OpMetrics() map[string]image.HistogramSnapshot { return s.ops }
+
+func newSource(t *testing.T) storeSource {
+	mem := backend.NewMem(64 << 20)
+	if err := image.Format(mem, image.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := image.Open(mem, image.Options{CommitInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Create("vm.raw", 0, image.Attr{Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := s.OpenDisk("vm.raw")
+	buf := directio.AlignedBlock(1 << 20)
+	for i := int64(0); i < 4; i++ {
+		d.WriteAt(buf, i<<20)
+	}
+	d.Close()
+	h := image.NewLatencyHistogram()
+	h.Observe(0.0003)
+	h.Observe(0.002)
+	return storeSource{s: s, ops: map[string]image.HistogramSnapshot{"WRITE": h.Snapshot()}}
+}
+
+// The exported metrics are the store's counters: 4 writes of 1 MiB are 4
+// requests, 4 backend writes of 1 MiB each.
+func TestCollector(t *testing.T) {
+	src := newSource(t)
+	c := NewCollector(src)
+	if n := testutil.CollectAndCount(c); n < 30 {
+		t.Fatalf("%d metrics collected", n)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	checks := []struct {
+		name, label string
+		want        float64
+	}{
+		{"vdiskfs_requests_total", "write", 4},
+		{"vdiskfs_requests_total", "read", 0},
+		{"vdiskfs_request_bytes_total", "write", 4 << 20},
+		{"vdiskfs_backend_ios_total", "data_write", 4},
+		{"vdiskfs_backend_bytes_total", "data_write", 4 << 20},
+		{"vdiskfs_disk_allocated_bytes", "vm.raw", 4 << 20},
+		{"vdiskfs_coalesce_runs_total", "", 4},
+		{"vdiskfs_map_allocations_total", "", 4},
+	}
+	for _, c := range checks {
+		if got := gathered(t, reg, c.name, c.label); got != c.want {
+			t.Errorf("%s{%s} = %v, want %v", c.name, c.label, got, c.want)
+		}
+	}
+}
+
+// gathered returns the value of the metric called name whose first label
+// has value label ("" for no labels): a counter or gauge value, or a
+// histogram's sample count.
+func gathered(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label != "" && (len(m.GetLabel()) == 0 || m.GetLabel()[0].GetValue() != label) {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	t.Fatalf("no metric %s{%s}", name, label)
+	return 0
+}
+
+// The stats socket answers /stats with JSON and /metrics with Prometheus
+// text; Fetch reads it by mount point.
+func TestServeAndFetch(t *testing.T) {
+	src := newSource(t)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	stop, err := Serve(Handler(src, mnt, "store.img"), mnt, "127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	st, err := Fetch(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Metrics.Counters.WriteRequests != 4 || st.Store != "store.img" || st.FUSE["WRITE"].Count != 2 {
+		t.Fatalf("stats: write requests %d, store %q, fuse %v", st.Metrics.Counters.WriteRequests, st.Store, st.FUSE)
+	}
+	if _, err := Fetch(filepath.Join(t.TempDir(), "elsewhere")); err == nil {
+		t.Fatal("Fetch of a mount point nobody serves succeeded")
+	}
+}
+
+func TestMetricsEndpointLoopbackOnly(t *testing.T) {
+	src := newSource(t)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if _, err := Serve(Handler(src, mnt, ""), mnt, "0.0.0.0:0", false); err == nil {
+		t.Fatal("metrics on 0.0.0.0 accepted without allowRemote")
+	}
+	for _, ok := range []string{"127.0.0.1:1", "[::1]:1", "localhost:1"} {
+		if err := requireLoopback(ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+}
+
+// The Prometheus text endpoint includes the FUSE latency histograms.
+func TestMetricsText(t *testing.T) {
+	src := newSource(t)
+	rec := httptest.NewRecorder()
+	Handler(src, "/m", "").ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if body := rec.Body.String(); !strings.Contains(body, `vdiskfs_fuse_request_latency_seconds_count{op="WRITE"} 2`) {
+		t.Fatalf("metrics text lacks the FUSE latency histogram:\n%s", body)
+	}
+}
