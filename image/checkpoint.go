@@ -45,7 +45,9 @@ func (s *Store) checkpointLocked() error {
 	seq, nextID, oldExts := s.mu.nextSeq, s.mu.nextID, s.mu.ckptExts
 	s.mu.pending, s.mu.pendCount, s.mu.quarantine = nil, 0, nil
 	s.mu.nextSeq = seq + 1
+	s.mu.releasing++
 	s.mu.Unlock()
+	defer s.doneReleasing()
 	sort.Slice(ds, func(i, j int) bool { return ds[i].id < ds[j].id })
 	c := &checkpoint{Seq: seq, UUID: s.uuid, NextID: nextID, Disks: make([]ckptDisk, len(ds))}
 	maps := make([]*blockmap.Map, len(ds))

@@ -554,3 +554,43 @@ func TestCheckProgress(t *testing.T) {
 		t.Fatalf("progress %d/%d, report %+v", last, total, rep)
 	}
 }
+
+// Rewriting a disk again and again (truncate to 0, then parallel writers, as
+// qemu-img convert -W does) never fails for space the truncate freed: a
+// writer that finds the store full waits for the commit that releases the
+// quarantine, even when another writer's commit has already taken it.
+func TestRewriteReusesFreedSpace(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{JournalSize: 1 << 20})
+	d := mustCreate(t, ms.s, "d.raw", 0)
+	defer d.Close()
+	const size, writers = 24 << 20, 8
+	rounds := 10
+	if testing.Short() {
+		rounds = 4
+	}
+	for round := 0; round < rounds; round++ {
+		if err := d.Truncate(0); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, writers)
+		for w := 0; w < writers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				buf := directio.AlignedBlock(1 << 20)
+				for off := int64(w) << 20; off < size; off += writers << 20 {
+					if _, err := d.WriteAt(buf, off); err != nil {
+						errs <- fmt.Errorf("round %d writer %d at %d MiB: %w", round, w, off>>20, err)
+						return
+					}
+				}
+			}(w)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+}

@@ -65,6 +65,8 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 	q := s.mu.quarantine
 	seq := s.mu.nextSeq
 	s.mu.pending, s.mu.pendCount, s.mu.quarantine = nil, 0, nil
+	s.mu.releasing++
+	defer s.doneReleasing()
 	if count > 0 {
 		s.mu.nextSeq++
 	}
@@ -144,6 +146,14 @@ func (s *Store) appendDirtyTimes() {
 		d.mu.RUnlock()
 		s.cut.RUnlock()
 	}
+}
+
+// doneReleasing ends a commit's hold on the quarantine it took, whether it
+// released it or failed.
+func (s *Store) doneReleasing() {
+	s.mu.Lock()
+	s.mu.releasing--
+	s.mu.Unlock()
 }
 
 // release discards blocks whose freeing is now durable and returns them to

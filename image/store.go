@@ -98,6 +98,7 @@ type Store struct {
 		alloc      *allocator
 		inflight   map[uint64]uint64 // allocated, data being written: start → len
 		quarantine []pext            // freed by records not yet durable
+		releasing  int               // commits that took a quarantine and have not released it yet
 		pending    []byte            // encoded records not yet committed
 		pendCount  uint32
 		recGen     uint64 // records ever appended
