@@ -1,0 +1,168 @@
+// Package fs serves a vdiskfs store as a FUSE filesystem (go-fuse v2): one
+// directory, the mount's root, whose entries are the store's disks, each a
+// regular file that a hypervisor opens as a raw image.
+//
+// # What it is
+//
+// The package maps FUSE requests to package image and image errors to
+// errno, and holds no policy: what a write allocates, what a punch frees,
+// when anything is durable, is decided in image. Mount serves a store;
+// Unmount and Wait end it. The CLI's "vdisk mount" is the caller.
+//
+//	root directory   Lookup, Readdir, Create, Mknod (S_IFREG), Unlink, Rename,
+//	                 Statfs; Mkdir, Symlink, Link, Mknod of other types: EPERM;
+//	                 O_TMPFILE: EOPNOTSUPP; Rmdir: ENOTDIR or ENOENT
+//	disk (diskNode)  Getattr, Setattr (size → Disk.Truncate; mode, owner,
+//	                 times → Disk.SetAttr), Open, Statfs, CopyFileRange
+//	open file        Read, Write, Fsync (fsync and fdatasync → Disk.Sync),
+//	(diskFile)       Flush (nothing), Release (Disk.Close), Allocate
+//	                 (fallocate), Lseek (SEEK_DATA, SEEK_HOLE)
+//
+// A disk's inode number is its store id + 1 (ids never change and are
+// never reused; 1 is the root). Its mode is S_IFREG with the permission
+// bits of the catalog, nlink 1, st_blocks the allocated bytes / 512 (du is
+// honest: go-fuse would make st_blocks up from the size if st_blksize were
+// left 0), st_blksize 1 MiB (see below).
+//
+// # Settings, and why (CLIENTS.md traps)
+//
+//   - Never ENOSYS for FSYNC, FALLOCATE, LSEEK or COPY_FILE_RANGE (trap 1):
+//     the kernel remembers ENOSYS for the whole mount. Fsync is Disk.Sync
+//     (data and map durable); unsupported fallocate modes answer
+//     EOPNOTSUPP; COPY_FILE_RANGE answers EOPNOTSUPP, on which the kernel
+//     (fs/fuse/file.c fuse_copy_file_range) copies through its generic splice
+//     path for that call; EXDEV would do the same, and ENOSYS would set
+//     no_copy_file_range for the mount. A copy inside the store belongs in
+//     image (it will share blocks once snapshots exist).
+//
+//   - EnableLocks false (trap 2): flock, POSIX and OFD locks stay in the
+//     kernel, so the hypervisors' F_OFD_SETLK gets 0 or EAGAIN.
+//
+//   - CAP_ASYNC_DIO and MaxBackground 512 (trap 3): io_uring and AIO
+//     O_DIRECT requests stay asynchronous and parallel; 512 background
+//     requests cover four disks at iodepth 128 (congestion threshold 3/4).
+//
+//   - O_DIRECT opens get FOPEN_DIRECT_IO|FOPEN_PARALLEL_DIRECT_WRITES (trap
+//     4): the kernel does not serialise a file's direct writes on its inode
+//     lock (it still does for writes that extend the file); overlapping
+//     writes are ordered by the disk's range lock in image.
+//
+//   - Buffered opens get the same flags (direct_io), chosen by measurement:
+//     see "Buffered opens" below. CAP_DIRECT_IO_ALLOW_MMAP keeps shared mmap
+//     of a disk possible.
+//
+//   - FOPEN_NOFLUSH: close(2) sends no FLUSH; there is nothing to flush.
+//
+//   - MaxWrite 1 MiB (256 pages; max_read the same): one READ or WRITE is
+//     one backend run, so dd bs=1M oflag=direct is one backend write per MiB.
+//     MaxReadAhead is left to the kernel's limit (128 KiB); with direct_io
+//     it only matters for mmap.
+//
+//   - st_blksize 1 MiB (at least the store block size): the preferred I/O
+//     size, which cp and dd use for their buffers, so cp writes 1 MiB
+//     requests. The price: cp --sparse=always finds holes in 1 MiB units
+//     (hole_size = st_blksize of the destination), which also keeps the map
+//     free of 4 KiB fragments; cp's default (holes from SEEK_HOLE of the
+//     source) is exact.
+//
+//   - Attribute and entry timeouts 1 s, no negative caching (trap 10): every
+//     size change (write past the end, truncate, fallocate without
+//     KEEP_SIZE) and every name change goes through this mount, so the
+//     kernel's cached size is right; a change made through the Store behind
+//     the mount's back is announced with Server.InvalidateDisk.
+//
+//   - CAP_ATOMIC_O_TRUNC (trap 9): open(O_TRUNC) of cp and dd reaches Open,
+//     which truncates in the same request.
+//
+//   - ioctl: not implemented, so go-fuse answers ENOTTY (trap 7; BLKSSZGET
+//     must not get 0). The kernel answers FIGETBSZ, FICLONE and FIEMAP itself
+//     (no FUSE request). STATX: go-fuse answers ENOSYS, on which the kernel
+//     uses GETATTR from then on; that is its designed fallback.
+//
+//   - DisableXAttrs: disks have no extended attributes; the kernel learns
+//     that once (ENOSYS) instead of asking for security.capability again.
+//
+//   - DisableSplice: read replies are memory we filled, written with writev;
+//     splice only helps file-descriptor replies and fails (with a log line
+//     each time) for 1 MiB ones, above the pipe size limit.
+//
+//   - default_permissions (the kernel checks modes against the catalog's
+//     owner and mode), allow_other only on request, NullPermissions (mode
+//     0000 is a mode), DirectMount with go-fuse's fallback to fusermount.
+//
+// # Buffered opens
+//
+// Opens without O_DIRECT (cp, dd, qemu-img with its default cache modes) get
+// direct_io too. BenchmarkBufferedOpen mounts two stores side by side, one
+// per mode, and alternates between them every iteration (256 MiB; two runs
+// on a loaded 2-core machine). MB/s, direct_io vs the page cache (with
+// FOPEN_KEEP_CACHE):
+//
+//	cp into the mount (1 MiB writes)    1072-1142  vs   651-667
+//	dd bs=128K write                      404-677  vs   380-580
+//	qemu-img convert                     820-1158  vs   604-640
+//	qemu-img convert -W (parallel)      1053-1282  vs   519-552
+//	dd bs=1M read, cold                  831-1035  vs   482-610
+//	dd bs=128K read, cold                 379-412  vs   486-583  (readahead)
+//	dd bs=1M read, cached                 667-760  vs 3059-7128
+//	random 4 KiB preads, cached             31-32  vs 2107-2349
+//
+// Disk images are written and read in large sequential I/O, and a guest
+// caches its own reads, so direct_io wins where it matters; the page cache
+// wins re-reads of cached data and small sequential reads. direct_io also
+// keeps every open coherent with the hypervisor's O_DIRECT one and with
+// punch and truncate, lets qemu-img's parallel writers run in parallel (the
+// page-cache write path holds the inode lock), and does not cache images
+// twice.
+//
+// # Errors
+//
+// Only syscall.Errno reaches go-fuse, through vfs.toErrno, which logs each
+// failure once with the fields op, disk, errno (and offset, length, mode
+// where they apply): quietly (debug level) for errno a caller causes on
+// purpose (ENOENT, EEXIST, ENXIO, EINVAL, ...), as a warning for ENOSPC and
+// EFBIG, as an error for the rest.
+//
+//	image.ErrFailed, image.ErrClosed   EIO (whatever they wrap)
+//	image.ErrNoSpace                   ENOSPC
+//	image.ErrNotExist                  ENOENT
+//	image.ErrExist                     EEXIST
+//	image.ErrInvalidName               EINVAL; ENAMETOOLONG past 255 bytes
+//	image.ErrInvalid                   EINVAL
+//	image.ErrTooLarge                  EFBIG
+//	image.ErrNoData                    ENXIO
+//	image.ErrReadOnly                  EROFS
+//	a wrapped syscall.Errno            itself
+//	anything else                      EIO
+//
+// # Concurrency and locking
+//
+// go-fuse runs every request in its own goroutine: reads, writes, fsyncs
+// and fallocates of one file run in parallel with each other and with
+// lookups, opens, renames and unlinks. The state they share:
+//
+//   - diskNode.id never changes. diskNode.name is an atomic hint for
+//     requests without an open file (path stat, chmod, truncate, open); it is
+//     checked against the id on every use and repaired from the catalog when
+//     stale, so a rename racing with such a request never reaches another
+//     disk.
+//   - diskFile is immutable after Open: one image.Disk handle, whose methods
+//     are safe for concurrent use; overlapping requests are ordered by the
+//     disk's range lock in image. The kernel sends RELEASE only after the
+//     last request on the handle, and go-fuse holds RELEASE while a GETATTR
+//     borrows the handle.
+//   - vfs.mu guards the set of open files, so a request without a handle on
+//     a disk unlinked while open can borrow one (fn runs under vfs.mu, which
+//     also keeps Release from closing it meanwhile), and so that handles the
+//     kernel never released are closed when serving ends (RELEASE is
+//     asynchronous and can be lost at unmount). It is never held across a
+//     call into go-fuse.
+//   - The catalog is the only truth about names; the root node keeps no
+//     list. RENAME_NOREPLACE checks then renames: atomic against this mount's
+//     requests, because the kernel holds the directory's lock across RENAME,
+//     CREATE, MKNOD and UNLINK.
+//
+// The process serving the mount must not page-fault on it (mmap) nor hold
+// its files across a fork-exec in ways go-fuse's fs/api.go "Deadlocks"
+// section describes; tests map files from a child process.
+package fs

@@ -1,0 +1,388 @@
+package fs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/image/backend"
+)
+
+// testCase is a store in t.TempDir() mounted in this process.
+type testCase struct {
+	t         testing.TB
+	dir       string // scratch space on the same (real) filesystem
+	storePath string
+	mnt       string
+	storeSize int64
+	storeOpts image.Options
+	mountOpts Options
+	wrapBE    func(backend.Backend) backend.Backend
+	store     *image.Store
+	srv       *Server
+}
+
+type tcOption func(*testCase)
+
+// withStoreOptions opens the store with o (CommitInterval -1 keeps the
+// background commit from running behind a test's back).
+func withStoreOptions(o image.Options) tcOption { return func(tc *testCase) { tc.storeOpts = o } }
+
+// withBackend opens the store on wrap(the file backend), for tests that
+// watch or slow down backend I/O.
+func withBackend(wrap func(backend.Backend) backend.Backend) tcOption {
+	return func(tc *testCase) { tc.wrapBE = wrap }
+}
+
+// withMountOptions mounts with o.
+func withMountOptions(o Options) tcOption { return func(tc *testCase) { tc.mountOpts = o } }
+
+// withStoreSize makes a store of size bytes (default 4 GiB, sparse).
+func withStoreSize(size int64) tcOption {
+	return func(tc *testCase) { tc.storeSize = size }
+}
+
+// requireFUSE skips the test when this process cannot serve FUSE, and
+// fails it instead in CI, where FUSE must be there.
+func requireFUSE(t testing.TB) {
+	t.Helper()
+	why := ""
+	if os.Geteuid() != 0 {
+		why = "not root"
+	} else if _, err := os.Stat("/dev/fuse"); err != nil {
+		why = "no /dev/fuse: " + err.Error()
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("FUSE tests need root and /dev/fuse in CI: %s", why)
+	}
+	t.Skipf("FUSE tests need root and /dev/fuse: %s", why)
+}
+
+var testLogger = func() *logrus.Logger {
+	l := logrus.New()
+	l.SetLevel(logrus.WarnLevel)
+	if os.Getenv("VDISKFS_TEST_DEBUG") != "" {
+		l.SetLevel(logrus.DebugLevel)
+	}
+	return l
+}()
+
+// newTestCase formats a 4 GiB sparse store in t.TempDir(), opens it and
+// mounts it. Cleanup unmounts (also when the test failed), checks the
+// store, closes it, reopens it and checks it again; any finding fails the
+// test and the store file is kept for inspection.
+func newTestCase(t testing.TB, opts ...tcOption) *testCase {
+	t.Helper()
+	requireFUSE(t)
+	dir := t.TempDir()
+	tc := &testCase{
+		t:         t,
+		dir:       dir,
+		storePath: filepath.Join(dir, "store.img"),
+		mnt:       filepath.Join(dir, "mnt"),
+		storeSize: 4 << 30,
+	}
+	for _, o := range opts {
+		o(tc)
+	}
+	tc.storeOpts.Program = "fs test"
+	if tc.storeOpts.Logger == nil {
+		tc.storeOpts.Logger = testLogger
+	}
+	if tc.mountOpts.Logger == nil {
+		tc.mountOpts.Logger = testLogger
+	}
+	if os.Getenv("VDISKFS_TEST_DEBUG") != "" {
+		tc.mountOpts.Debug = true
+	}
+	if err := os.Mkdir(tc.mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := image.FormatPath(tc.storePath, tc.storeSize, image.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tc.openStore()
+	t.Cleanup(tc.cleanup)
+	tc.mount()
+	return tc
+}
+
+func (tc *testCase) openStore() {
+	tc.t.Helper()
+	if tc.wrapBE != nil {
+		be, err := backend.Open(tc.storePath, backend.OpenOptions{})
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		s, err := image.Open(tc.wrapBE(be), tc.storeOpts)
+		if err != nil {
+			be.Close()
+			tc.t.Fatal(err)
+		}
+		tc.store = s
+		return
+	}
+	s, err := image.OpenPath(tc.storePath, tc.storeOpts)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.store = s
+}
+
+func (tc *testCase) mount() {
+	tc.t.Helper()
+	srv, err := Mount(tc.store, tc.mnt, tc.mountOpts)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.srv = srv
+}
+
+// unmount unmounts; false if that did not finish (a file left open keeps
+// a lazily detached mount alive), which fails the test rather than hang it.
+func (tc *testCase) unmount() bool {
+	tc.t.Helper()
+	if tc.srv == nil {
+		return true
+	}
+	done := make(chan error, 1)
+	go func() { done <- tc.srv.Unmount() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			tc.t.Errorf("unmount: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		tc.t.Errorf("unmount of %s did not finish: is a file still open?", tc.mnt)
+		return false
+	}
+	tc.srv = nil
+	return true
+}
+
+// check runs store.Check and fails the test on any finding.
+func (tc *testCase) check(when string) {
+	tc.t.Helper()
+	if rep := tc.store.Check(); !rep.Clean() {
+		for _, f := range rep.Findings {
+			tc.t.Errorf("store check %s: %s", when, f)
+		}
+	}
+}
+
+// remount unmounts, checks and closes the store, reopens and remounts it.
+func (tc *testCase) remount() {
+	tc.t.Helper()
+	if !tc.unmount() {
+		tc.t.FailNow()
+	}
+	tc.check("before close")
+	if err := tc.store.Close(); err != nil {
+		tc.t.Fatalf("close store: %v", err)
+	}
+	tc.store = nil
+	tc.openStore()
+	tc.check("after reopen")
+	tc.mount()
+}
+
+func (tc *testCase) cleanup() {
+	t := tc.t
+	if !tc.unmount() {
+		return // still serving: leave the store alone
+	}
+	if tc.store != nil {
+		tc.check("at cleanup")
+		if err := tc.store.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+		tc.store = nil
+		if s, err := image.OpenPath(tc.storePath, image.Options{ReadOnly: true, Tolerant: true, Logger: testLogger}); err != nil {
+			t.Errorf("reopen store: %v", err)
+		} else {
+			if rep := s.Check(); !rep.Clean() {
+				for _, f := range rep.Findings {
+					t.Errorf("store check after reopen: %s", f)
+				}
+			}
+			s.Close()
+		}
+	}
+	if t.Failed() {
+		keep := filepath.Join(os.TempDir(), fmt.Sprintf("vdiskfs-%s-%d.img", strings.ReplaceAll(t.Name(), "/", "_"), os.Getpid()))
+		if err := os.Rename(tc.storePath, keep); err == nil {
+			t.Logf("store kept at %s", keep)
+		}
+	}
+}
+
+// path is the mount path of disk name.
+func (tc *testCase) path(name string) string { return filepath.Join(tc.mnt, name) }
+
+// openFile opens a file and closes it at the end of the test (before the
+// unmount, which would otherwise wait for it).
+func (tc *testCase) openFile(name string, flags int, perm os.FileMode) *os.File {
+	tc.t.Helper()
+	f, err := os.OpenFile(tc.path(name), flags, perm)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// run runs a command, failing the test with its output if it fails.
+func run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	start := time.Now()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	t.Logf("%s %s (%v)", name, strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+	return string(out)
+}
+
+// requireTool makes sure a command is installed, installing its Debian
+// package when it is missing and we are root; it fails the test clearly
+// when that does not work.
+func requireTool(t testing.TB, bin, pkg string) {
+	t.Helper()
+	if _, err := exec.LookPath(bin); err == nil {
+		return
+	}
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is missing and cannot be installed without root", bin)
+		}
+		t.Skipf("%s is missing (package %s)", bin, pkg)
+	}
+	installMu.Lock()
+	defer installMu.Unlock()
+	if _, err := exec.LookPath(bin); err == nil {
+		return
+	}
+	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	install := func() ([]byte, error) {
+		cmd := exec.Command("apt-get", "install", "-y", "--no-install-recommends", pkg)
+		cmd.Env = env
+		return cmd.CombinedOutput()
+	}
+	out, err := install()
+	if err != nil {
+		upd := exec.Command("apt-get", "update")
+		upd.Env = env
+		if uout, uerr := upd.CombinedOutput(); uerr != nil {
+			t.Fatalf("apt-get update (to install %s): %v\n%s", pkg, uerr, uout)
+		}
+		out, err = install()
+	}
+	if err != nil {
+		t.Fatalf("apt-get install %s: %v\n%s", pkg, err, out)
+	}
+	if _, err := exec.LookPath(bin); err != nil {
+		t.Fatalf("%s still missing after installing %s", bin, pkg)
+	}
+}
+
+var installMu sync.Mutex
+
+// writeRandomFile writes size bytes from a PRNG seeded with seed to path.
+func writeRandomFile(t testing.TB, path string, size int64, seed uint64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.CopyN(f, newPRNGReader(seed), size); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// prngReader streams pseudo-random bytes.
+type prngReader struct{ r *rand.ChaCha8 }
+
+func newPRNGReader(seed uint64) io.Reader {
+	var s [32]byte
+	for i := range 8 {
+		s[i] = byte(seed >> (8 * i))
+	}
+	return &prngReader{rand.NewChaCha8(s)}
+}
+
+func (p *prngReader) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// sameFiles compares two files byte by byte (cmp).
+func sameFiles(t testing.TB, a, b string) {
+	t.Helper()
+	out, err := exec.Command("cmp", a, b).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cmp %s %s: %v: %s", a, b, err, out)
+	}
+}
+
+// stat returns the stat of path.
+func stat(t testing.TB, path string) unix.Stat_t {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatalf("stat %s: %v", path, err)
+	}
+	return st
+}
+
+// readAll reads a whole file.
+func readAll(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// wantErrno fails unless err is the errno want.
+func wantErrno(t testing.TB, what string, err error, want unix.Errno) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Errorf("%s: got error %v, want %v (%d)", what, err, want, int(want))
+	}
+}
+
+// eventually polls cond until it holds, failing after a generous bound
+// (for effects of asynchronous FUSE requests such as RELEASE).
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: did not happen", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// isZero reports whether b is all zeros.
+func isZero(b []byte) bool {
+	return len(b) == 0 || (b[0] == 0 && bytes.Equal(b[1:], b[:len(b)-1]))
+}

@@ -1,0 +1,246 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/image"
+)
+
+// Settings of the mount; doc.go says why each has its value.
+const (
+	// maxWrite is the largest READ or WRITE request (FUSE's ceiling, 256
+	// pages): one request, one backend run.
+	maxWrite = 1 << 20
+	// defaultMaxBackground covers four disks at iodepth 128 of async
+	// direct I/O (CLIENTS.md trap 3).
+	defaultMaxBackground = 512
+	// attrTimeout and entryTimeout: every size and name change goes
+	// through this mount, so the kernel's copies stay right; the timeouts
+	// only bound how stale a change made behind the mount (through the
+	// Store in the same process) can look, see Server.InvalidateDisk.
+	attrTimeout  = time.Second
+	entryTimeout = time.Second
+	// minBlksize is the least st_blksize of a disk: the preferred I/O
+	// size, which cp and dd use as their buffer size.
+	minBlksize = maxWrite
+	// capabilities asked of the kernel on top of go-fuse's defaults.
+	extraCapabilities = fuse.CAP_ASYNC_DIO | fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_DIRECT_IO_ALLOW_MMAP
+	// unmountTries is how often Unmount retries a busy unmount (each try
+	// is go-fuse's own five attempts) before it detaches lazily.
+	unmountTries = 3
+)
+
+// Options tune Mount.
+type Options struct {
+	// AllowOther lets users other than the mounter use the mount
+	// (allow_other); permissions are still enforced (default_permissions).
+	AllowOther bool
+	// Debug traces every FUSE request to Logger at info level.
+	Debug bool
+	// Logger receives structured logs; nil means logrus.StandardLogger().
+	Logger logrus.FieldLogger
+	// MaxBackground bounds the kernel's background requests (async direct
+	// I/O and readahead); 0 means 512, several disks at iodepth 128.
+	MaxBackground int
+	// FsName is shown as the source in /proc/mounts; "" means "vdiskfs".
+	FsName string
+
+	// pageCache makes buffered (non-O_DIRECT) opens use the kernel page
+	// cache instead of direct_io. For the benchmark that chose direct_io.
+	pageCache bool
+}
+
+// Server is a mounted store.
+type Server struct {
+	srv        *fuse.Server
+	timed      *timedFS
+	vfs        *vfs
+	root       *rootNode
+	mountpoint string
+	log        logrus.FieldLogger
+	done       chan struct{} // closed when serving has ended
+	unmountMu  sync.Mutex    // serialises Unmount calls
+}
+
+// Mount serves store at mountpoint and returns once the kernel has the mount.
+// The store stays the caller's: Unmount does not close it.
+func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error) {
+	lg := opts.Logger
+	if lg == nil {
+		lg = logrus.StandardLogger()
+	}
+	lg = lg.WithField("mountpoint", mountpoint)
+	v := newVFS(store, lg, opts)
+	root := &rootNode{vfs: v}
+
+	maxBG := opts.MaxBackground
+	if maxBG <= 0 {
+		maxBG = defaultMaxBackground
+	}
+	fsName := opts.FsName
+	if fsName == "" {
+		fsName = "vdiskfs"
+	}
+	traceLevel := logrus.WarnLevel
+	if opts.Debug {
+		traceLevel = logrus.InfoLevel
+	}
+	at, et := attrTimeout, entryTimeout
+	fo := &gofs.Options{
+		MountOptions: fuse.MountOptions{
+			AllowOther:        opts.AllowOther,
+			Options:           []string{"default_permissions"},
+			MaxBackground:     maxBG,
+			MaxWrite:          maxWrite,
+			MaxReadAhead:      maxWrite, // no cap of ours: the kernel's own limit applies
+			FsName:            fsName,
+			Name:              "vdiskfs",
+			DirectMount:       true, // falls back to fusermount when mount(2) is refused
+			EnableLocks:       false,
+			ExtraCapabilities: extraCapabilities,
+			DisableXAttrs:     true,
+			// Read replies are memory we filled, written with writev;
+			// splice only helps fd-backed replies, and fails (with a log
+			// line each time) for 1 MiB ones, above the pipe size limit.
+			DisableSplice: true,
+			Debug:         opts.Debug,
+			Logger:        log.New(logWriter{lg.WithField("component", "go-fuse"), traceLevel}, "", 0),
+		},
+		EntryTimeout:    &et,
+		AttrTimeout:     &at,
+		NullPermissions: true, // mode 0000 is a mode, not "unset"
+		RootStableAttr:  &gofs.StableAttr{Ino: fuse.FUSE_ROOT_ID},
+		Logger:          log.New(logWriter{lg.WithField("component", "go-fuse"), logrus.WarnLevel}, "", 0),
+	}
+	timed := newTimedFS(gofs.NewNodeFS(root, fo))
+	srv, err := fuse.NewServer(timed, mountpoint, &fo.MountOptions)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	s := &Server{srv: srv, timed: timed, vfs: v, root: root, mountpoint: mountpoint, log: lg, done: make(chan struct{})}
+	go func() {
+		srv.Serve()
+		v.closeAll()
+		close(s.done)
+	}()
+	if err := srv.WaitMount(); err != nil {
+		_ = s.Unmount()
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	lg.WithFields(logrus.Fields{"max_write": maxWrite, "max_background": maxBG}).Info("mounted")
+	return s, nil
+}
+
+// Mountpoint returns the directory the store is mounted on.
+func (s *Server) Mountpoint() string { return s.mountpoint }
+
+// Wait blocks until the mount is gone (Unmount, fusermount -u, umount) and
+// serving has ended.
+func (s *Server) Wait() { <-s.done }
+
+// Unmount unmounts and waits for serving to end. A busy mount is retried a
+// few times and then detached lazily (MNT_DETACH): the name goes at once,
+// and Unmount returns when the last open file on it is closed. It does not
+// close the store.
+func (s *Server) Unmount() error {
+	s.unmountMu.Lock()
+	defer s.unmountMu.Unlock()
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	var err error
+	for try := 0; try < unmountTries; try++ {
+		if err = s.srv.Unmount(); err == nil {
+			break
+		}
+		select {
+		case <-s.done: // unmounted meanwhile by someone else
+			return nil
+		default:
+		}
+	}
+	if err != nil {
+		s.log.WithError(err).Warn("mount busy; detaching it lazily, serving goes on until the last open file is closed")
+		if lerr := lazyUnmount(s.mountpoint); lerr != nil {
+			return fmt.Errorf("unmount %s: %w", s.mountpoint, errors.Join(err, lerr))
+		}
+	}
+	<-s.done
+	s.log.Info("unmounted")
+	return nil
+}
+
+// lazyUnmount detaches the mount (umount -l), with fusermount -u -z when
+// we may not call umount2 ourselves.
+func lazyUnmount(mountpoint string) error {
+	err := unix.Unmount(mountpoint, unix.MNT_DETACH)
+	if err == nil || !errors.Is(err, syscall.EPERM) {
+		return err
+	}
+	for _, bin := range []string{"fusermount3", "fusermount"} {
+		if path, lerr := exec.LookPath(bin); lerr == nil {
+			out, cerr := exec.Command(path, "-u", "-z", mountpoint).CombinedOutput()
+			if cerr != nil {
+				return fmt.Errorf("%s -u -z: %w: %s", bin, cerr, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
+	return err
+}
+
+// InvalidateDisk makes the kernel forget what it caches about the disk
+// called name (attributes, above all its size, and any cached pages) and
+// the name itself. Changes made through the mount need no such call; it is
+// for an in-process caller that resizes or renames a disk through the Store
+// directly while the store is mounted (CLIENTS.md trap 10: the kernel
+// answers O_DIRECT reads past the size it caches with EOF).
+func (s *Server) InvalidateDisk(name string) error {
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	if ch := s.root.GetChild(name); ch != nil {
+		if e := ch.NotifyContent(0, 0); e != 0 && e != syscall.ENOENT {
+			return fmt.Errorf("invalidate disk %q: %w", name, e)
+		}
+	}
+	if e := s.root.NotifyEntry(name); e != 0 && e != syscall.ENOENT {
+		return fmt.Errorf("invalidate entry %q: %w", name, e)
+	}
+	return nil
+}
+
+// logWriter turns go-fuse's *log.Logger lines into logrus entries.
+type logWriter struct {
+	log   logrus.FieldLogger
+	level logrus.Level
+}
+
+func (w logWriter) Write(p []byte) (int, error) {
+	msg := strings.TrimRight(string(p), "\n")
+	switch w.level {
+	case logrus.InfoLevel:
+		w.log.Info(msg)
+	case logrus.DebugLevel:
+		w.log.Debug(msg)
+	default:
+		w.log.Warn(msg)
+	}
+	return len(p), nil
+}
