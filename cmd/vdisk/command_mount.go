@@ -1,20 +1,320 @@
 package main
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/fs"
+	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/telemetry"
 )
 
-// newMountCmd is a placeholder: the fs package provides the real command and
-// replaces this file, keeping this signature.
+// mountFlags are the options of vdisk mount.
+type mountFlags struct {
+	allowOther     bool
+	debug          bool
+	foreground     bool
+	readyFD        int
+	logFile        string
+	defaultSize    sizeValue
+	commitInterval time.Duration
+	metricsAddr    string
+}
+
+// mountSource gives telemetry the store's metrics and the FUSE layer's.
+type mountSource struct {
+	s   *image.Store
+	srv *fs.Server
+}
+
+func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
+func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.srv.OpMetrics() }
+
 func newMountCmd(e *env) *cobra.Command {
-	return &cobra.Command{
-		Use:   "mount STORE MOUNTPOINT",
+	var f mountFlags
+	cmd := &cobra.Command{
+		Use:   "mount [STORE] MOUNTPOINT",
 		Short: "Mount a store: each disk becomes a raw image file",
-		Args:  exactArgs("STORE", "MOUNTPOINT"),
+		Long: `Mount a store at MOUNTPOINT (created if missing). Every disk of the store is a
+file MOUNTPOINT/NAME that hypervisors open as a raw image; a new file is a new
+disk.
+
+Without STORE, the default store is used: $XDG_DATA_HOME/vdiskfs/default.store
+(~/.local/share/vdiskfs/default.store), created and formatted on first use as a
+sparse file (--default-size, else 64 GiB or three quarters of the free space
+there, whichever is smaller).
+
+Like other FUSE file systems, vdisk mount goes to the background once the
+mount is ready, so when it returns the mount can be used; its log goes to
+--log-file. With --foreground it stays attached, logging to stderr, and
+--ready-fd N writes "ready" to file descriptor N when the mount is usable (it
+also tells systemd through $NOTIFY_SOCKET). "vdisk stats MOUNTPOINT" shows the
+mount's I/O figures; --metrics ADDR also serves them to Prometheus. SIGINT or SIGTERM, or an unmount
+(umount, fusermount -u), commit everything and close the store cleanly.
+A store can be mounted once at a time.`,
+		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return errors.New("vdisk mount is provided by the fs package (not built yet)")
+			store, mnt := "", args[0]
+			if len(args) == 2 {
+				store, mnt = args[0], args[1]
+			}
+			return runMount(e, store, mnt, f)
 		},
 	}
+	fl := cmd.Flags()
+	fl.BoolVar(&f.allowOther, "allow-other", false, "let other users use the mount (permissions are still checked)")
+	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	fl.BoolVarP(&f.foreground, "foreground", "f", false, "stay in the foreground instead of going to the background once mounted")
+	fl.IntVar(&f.readyFD, "ready-fd", 0, "with --foreground: write \"ready\" to this file descriptor once mounted")
+	fl.StringVar(&f.logFile, "log-file", "", "log file in the background (default $XDG_STATE_HOME/vdiskfs/mount-<MOUNTPOINT>.log)")
+	fl.Var(&f.defaultSize, "default-size", "size of the default store when it is created (default: 64G or 3/4 of the free space)")
+	fl.DurationVar(&f.commitInterval, "commit-interval", image.DefaultCommitInterval, "commit unsynced writes at least this often")
+	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
+	return cmd
+}
+
+func runMount(e *env, store, mnt string, f mountFlags) error {
+	mnt, err := filepath.Abs(mnt)
+	if err != nil {
+		return err
+	}
+	if store == "" {
+		if store, err = ensureDefaultStore(e, f.defaultSize.n); err != nil {
+			return err
+		}
+	}
+	if !f.foreground {
+		return daemonize(e, store, mnt, f)
+	}
+	return serveMount(e, store, mnt, f)
+}
+
+// serveMount mounts and serves until a signal or an unmount, then commits
+// and closes the store.
+func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
+	if err := prepareMountpoint(e, mnt); err != nil {
+		return err
+	}
+	s, err := image.OpenPath(store, image.Options{Logger: e.log, Program: "vdisk mount", CommitInterval: f.commitInterval})
+	if err != nil {
+		return err
+	}
+	srv, err := fs.Mount(s, mnt, fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log})
+	if err != nil {
+		s.Close()
+		return err
+	}
+	// vdisk stats reads the mount's socket; --metrics adds a TCP listener.
+	stopTelemetry, err := telemetry.Serve(telemetry.Handler(mountSource{s, srv}, mnt, store), mnt, f.metricsAddr, false)
+	if err != nil {
+		if f.metricsAddr != "" {
+			srv.Unmount()
+			s.Close()
+			return err
+		}
+		e.log.WithError(err).Warn("vdisk stats will not be available for this mount")
+	}
+	defer stopTelemetry()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	unmounted := make(chan struct{})
+	go func() {
+		srv.Wait()
+		close(unmounted)
+	}()
+	e.log.WithFields(logrus.Fields{"store": store, "mountpoint": mnt, "pid": os.Getpid()}).Info("serving")
+	signalReady(e, f.readyFD)
+
+	select {
+	case sig := <-sigs:
+		e.log.WithField("signal", sig.String()).Info("unmounting")
+		if uerr := srv.Unmount(); uerr != nil {
+			e.log.WithError(uerr).Error("unmount")
+		}
+	case <-unmounted:
+		e.log.Info("unmounted from outside")
+	}
+	if cerr := s.Close(); cerr != nil {
+		return fmt.Errorf("close store %s: %w", store, cerr)
+	}
+	e.log.Info("store closed cleanly")
+	return nil
+}
+
+// signalReady tells whoever waits that the mount is usable: the ready pipe
+// of the parent (or of a script), and systemd.
+func signalReady(e *env, fd int) {
+	if fd > 0 {
+		w := os.NewFile(uintptr(fd), "ready-fd")
+		if _, err := w.WriteString("ready\n"); err != nil {
+			e.log.WithError(err).Warn("writing to --ready-fd")
+		}
+		w.Close()
+	}
+	if addr := os.Getenv("NOTIFY_SOCKET"); addr != "" {
+		if c, err := net.Dial("unixgram", addr); err == nil {
+			c.Write([]byte("READY=1"))
+			c.Close()
+		}
+	}
+}
+
+// prepareMountpoint creates the mount point if missing, and clears dead
+// mounts left by a daemon that was killed. statfs, unlike stat, is never
+// answered from the kernel's attribute cache, so it finds them: ENOTCONN.
+func prepareMountpoint(e *env, mnt string) error {
+	for {
+		var sfs unix.Statfs_t
+		if err := unix.Statfs(mnt, &sfs); !errors.Is(err, unix.ENOTCONN) {
+			break
+		}
+		e.log.WithField("mountpoint", mnt).Warn("a dead mount is left there (its daemon was killed); detaching it")
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("mount point %s: detach the dead mount: %w", mnt, err)
+		}
+	}
+	var st unix.Stat_t
+	err := unix.Stat(mnt, &st)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return os.MkdirAll(mnt, 0o755)
+	case err != nil:
+		return fmt.Errorf("mount point %s: %w", mnt, err)
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("mount point %s is not a directory", mnt)
+	}
+	return nil
+}
+
+// daemonize starts this program again in the foreground, detached (own
+// session, no terminal), and returns once it reports the mount ready, or
+// with its error when it fails first.
+func daemonize(e *env, store, mnt string, f mountFlags) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	logPath := f.logFile
+	if logPath == "" {
+		if logPath, err = defaultLogPath(mnt); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return fmt.Errorf("log directory: %w", err)
+	}
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("log file: %w", err)
+	}
+	defer logf.Close()
+	start, _ := logf.Seek(0, 2)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	args := []string{"mount", store, mnt, "--foreground", "--ready-fd", "3",
+		"--log-level", e.log.GetLevel().String(), "--commit-interval", f.commitInterval.String()}
+	if f.allowOther {
+		args = append(args, "--allow-other")
+	}
+	if f.debug {
+		args = append(args, "--debug")
+	}
+	if f.metricsAddr != "" {
+		args = append(args, "--metrics", f.metricsAddr)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{w} // fd 3
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("start the mount daemon: %w", err)
+	}
+	w.Close()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	if strings.TrimSpace(line) == "ready" {
+		fmt.Fprintf(e.stdout, "mounted %s at %s (pid %d, log %s)\n", store, mnt, cmd.Process.Pid, logPath)
+		return cmd.Process.Release()
+	}
+	werr := cmd.Wait()
+	tail, _ := os.ReadFile(logPath)
+	if int64(len(tail)) >= start {
+		tail = tail[start:]
+	}
+	return fmt.Errorf("mount failed (%v): %s", werr, strings.TrimSpace(string(tail)))
+}
+
+// dataHome is $XDG_DATA_HOME, else ~/.local/share.
+func dataHome() (string, error) {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return d, nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("no home directory for the default store: %w", err)
+	}
+	return filepath.Join(home, ".local", "share"), nil
+}
+
+func defaultLogPath(mnt string) (string, error) {
+	dir := os.Getenv("XDG_STATE_HOME")
+	if dir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("no home directory for the log file; pass --log-file: %w", err)
+		}
+		dir = filepath.Join(home, ".local", "state")
+	}
+	name := strings.Trim(strings.ReplaceAll(mnt, "/", "-"), "-")
+	return filepath.Join(dir, "vdiskfs", "mount-"+name+".log"), nil
+}
+
+// ensureDefaultStore returns the default store's path, creating and
+// formatting it first when it does not exist.
+func ensureDefaultStore(e *env, size int64) (string, error) {
+	home, err := dataHome()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(home, "vdiskfs")
+	path := filepath.Join(dir, "default.store")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("default store directory: %w", err)
+	}
+	if size == 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			return "", fmt.Errorf("free space for the default store: %w", err)
+		}
+		size = min(64<<30, int64(st.Bavail)*st.Bsize/4*3) / (1 << 30) * (1 << 30)
+		if size < 1<<30 {
+			return "", fmt.Errorf("only %s free in %s: not enough for a default store; pass a STORE", formatSize(int64(st.Bavail)*st.Bsize), dir)
+		}
+	}
+	if err := image.FormatPath(path, size, image.FormatOptions{}); err != nil {
+		return "", fmt.Errorf("create the default store: %w", err)
+	}
+	e.log.WithFields(logrus.Fields{"store": path, "size": formatSize(size)}).Warn("created the default store")
+	fmt.Fprintf(e.stderr, "created the default store %s (%s, sparse)\n", path, formatSize(size))
+	return path, nil
 }

@@ -156,10 +156,6 @@ func TestOperationalErrorHasNoUsage(t *testing.T) {
 	}
 }
 
-func TestMountPlaceholder(t *testing.T) {
-	wantFail(t, exitFailure, []string{"provided by the fs package"}, "mount", "s", "m")
-}
-
 // TestLockedStore: every command refuses a store another process has open,
 // and names the holder.
 func TestLockedStore(t *testing.T) {

@@ -72,6 +72,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newImportCmd(e),
 		newExportCmd(e),
 		newFsckCmd(e),
+		newStatsCmd(e),
 	)
 	markStart(e, root)
 	return root
