@@ -2,6 +2,7 @@ package fs
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -281,7 +282,7 @@ func TestNoENOSYS(t *testing.T) {
 		t.Errorf("copy_file_range copied %d bytes, wrong content", len(got))
 	}
 	// And through the node directly: EOPNOTSUPP.
-	if _, e := (&diskNode{}).CopyFileRange(nil, nil, 0, nil, nil, 0, 1, 0); e != unix.EOPNOTSUPP {
+	if _, e := (&diskNode{}).CopyFileRange(context.Background(), nil, 0, nil, nil, 0, 1, 0); e != unix.EOPNOTSUPP {
 		t.Errorf("CopyFileRange: %v", e)
 	}
 }

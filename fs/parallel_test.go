@@ -18,9 +18,9 @@ import (
 // slowBackend delays large (data) writes and records how many run at once.
 type slowBackend struct {
 	backend.Backend
-	delay         time.Duration
-	now, maxSeen  atomic.Int64
-	writes, reads atomic.Int64
+	delay        time.Duration
+	now, maxSeen atomic.Int64
+	writes       atomic.Int64
 }
 
 func (b *slowBackend) WriteAt(p []byte, off int64) (int, error) {
@@ -102,19 +102,20 @@ func TestParallelDirectWrites(t *testing.T) {
 }
 
 // Linux AIO ABI (include/uapi/linux/aio_abi.h), little endian.
+// Fields we never set are blank: they only keep the layout.
 type iocb struct {
-	data      uint64
-	key       uint32
-	rwFlags   uint32
-	opcode    uint16
-	reqprio   int16
-	fildes    uint32
-	buf       uint64
-	nbytes    uint64
-	offset    int64
-	reserved2 uint64
-	flags     uint32
-	resfd     uint32
+	data   uint64
+	_      uint32 // key
+	_      uint32 // rw_flags
+	opcode uint16
+	_      int16 // reqprio
+	fildes uint32
+	buf    uint64
+	nbytes uint64
+	offset int64
+	_      uint64 // reserved2
+	_      uint32 // flags
+	_      uint32 // resfd
 }
 
 type ioEvent struct {
