@@ -234,6 +234,27 @@ func (m *Map) Insert(e Extent, freed []Extent) []Extent {
 	return freed
 }
 
+// Append adds e after every extent of the map: the bulk-load path for
+// extents read back in order (a checkpoint). It merges e into the last
+// extent when they are contiguous in both spaces, and fails, changing
+// nothing, when e is empty, overflows, or does not start at or after the
+// end of the last extent. It is Insert without the search for overlaps.
+func (m *Map) Append(e Extent) error {
+	if e.Len == 0 || e.Len > math.MaxUint64-e.Virt || e.Len > math.MaxUint64-e.Phys {
+		return fmt.Errorf("append %+v: empty or overflowing extent: %w", e, ErrInvariant)
+	}
+	last, ok := m.tree.Max()
+	if ok && e.Virt < last.End() {
+		return fmt.Errorf("append %+v: starts before the end of the last extent %+v: %w", e, last, ErrInvariant)
+	}
+	m.blocks += e.Len
+	if ok && last.End() == e.Virt && last.PhysEnd() == e.Phys {
+		e = Extent{Virt: last.Virt, Phys: last.Phys, Len: last.Len + e.Len}
+	}
+	m.tree.ReplaceOrInsert(e)
+	return nil
+}
+
 // Punch unmaps [virt, virt+n), splitting the extents that cross its edges,
 // appends the unmapped pieces to freed in Virt order and returns the extended
 // slice. An n that reaches past math.MaxUint64 (for instance

@@ -568,3 +568,33 @@ func TestCloneConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+// Append builds the same map as Insert for extents in order, merges
+// contiguous neighbours, and refuses anything out of order.
+func TestAppend(t *testing.T) {
+	m, ref := New(), New()
+	exts := []Extent{{0, 10, 2}, {2, 12, 3}, {9, 50, 1}, {10, 100, 5}}
+	for _, e := range exts {
+		if err := m.Append(e); err != nil {
+			t.Fatal(err)
+		}
+		ref.Insert(e, nil)
+	}
+	if err := m.Check(); err != nil {
+		t.Fatal(err)
+	}
+	var got, want []Extent
+	m.Ascend(func(e Extent) bool { got = append(got, e); return true })
+	ref.Ascend(func(e Extent) bool { want = append(want, e); return true })
+	if fmt.Sprint(got) != fmt.Sprint(want) || m.Blocks() != ref.Blocks() || len(got) != 3 {
+		t.Fatalf("Append built %v (%d blocks), Insert %v (%d blocks)", got, m.Blocks(), want, ref.Blocks())
+	}
+	for _, bad := range []Extent{{14, 0, 1}, {0, 0, 0}, {20, math.MaxUint64, 2}} {
+		if err := m.Append(bad); !errors.Is(err, ErrInvariant) {
+			t.Errorf("Append(%+v): %v, want ErrInvariant", bad, err)
+		}
+	}
+	if n := m.Len(); n != 3 {
+		t.Fatalf("refused appends changed the map: %d extents", n)
+	}
+}

@@ -137,12 +137,22 @@ func (r *Report) add(f Finding, counts map[string]int) {
 	}
 }
 
-// ref is one user of physical blocks, for cross-checking.
+// ref is one user of physical blocks, for cross-checking: a disk extent
+// (disk set, at virtual block virt) or what kind names.
 type ref struct {
 	pext
-	owner string // "disk "name"", "checkpoint", ...
-	disk  *disk
-	virt  uint64
+	kind string // "the checkpoint", "a write in flight", ...; "" for a disk extent
+	disk *disk
+	virt uint64
+}
+
+// owner names the user, formatted only when a finding needs it: a store
+// has millions of refs.
+func (r ref) owner(bs uint64) string {
+	if r.disk == nil {
+		return r.kind
+	}
+	return fmt.Sprintf("disk %s bytes [%d,%d)", diskName(r.disk), r.virt*bs, (r.virt+r.Len)*bs)
 }
 
 // Check verifies the whole store: the findings made while opening (bad
@@ -185,7 +195,7 @@ func (s *Store) checkLockedProgress(progress func(done, total int)) *Report {
 		if i > 0 && r.Start < cur.end() {
 			lo, hi := r.Start, min(r.end(), cur.end())
 			rep.add(Finding{Severity: Fatal, Code: CodeSharedBlock, Disk: diskName(r.disk),
-				Message: fmt.Sprintf("physical blocks [%d,%d) are used by both %s and %s", lo, hi, cur.owner, r.owner)}, counts)
+				Message: fmt.Sprintf("physical blocks [%d,%d) are used by both %s and %s", lo, hi, cur.owner(s.bs), r.owner(s.bs))}, counts)
 		}
 		if i == 0 || r.end() > cur.end() {
 			cur = r
@@ -249,13 +259,13 @@ func (s *Store) collectRefs(rep *Report, counts map[string]int, progress func(do
 	}
 	var refs []ref
 	for _, e := range s.mu.ckptExts {
-		refs = append(refs, ref{pext: e, owner: "the checkpoint"})
+		refs = append(refs, ref{pext: e, kind: "the checkpoint"})
 	}
 	for start, n := range s.mu.inflight {
-		refs = append(refs, ref{pext: pext{Start: start, Len: n}, owner: "a write in flight"})
+		refs = append(refs, ref{pext: pext{Start: start, Len: n}, kind: "a write in flight"})
 	}
 	for _, e := range s.mu.quarantine {
-		refs = append(refs, ref{pext: e, owner: "blocks awaiting a commit"})
+		refs = append(refs, ref{pext: e, kind: "blocks awaiting a commit"})
 	}
 	s.mu.Unlock()
 	sort.Slice(ds, func(i, j int) bool { return ds[i].id < ds[j].id })
@@ -290,7 +300,7 @@ func (s *Store) collectRefs(rep *Report, counts map[string]int, progress func(do
 					Message: fmt.Sprintf("bytes [%d,%d) map to physical blocks [%d,+%d), outside the data region of %d blocks",
 						e.Virt*s.bs, e.End()*s.bs, e.Phys, e.Len, total)}, counts)
 			} else {
-				refs = append(refs, ref{pext: pext{Start: e.Phys, Len: e.Len}, owner: fmt.Sprintf("disk %s bytes [%d,%d)", label, e.Virt*s.bs, e.End()*s.bs), disk: d, virt: e.Virt})
+				refs = append(refs, ref{pext: pext{Start: e.Phys, Len: e.Len}, disk: d, virt: e.Virt})
 			}
 			if e.End() > sizeBlocks {
 				rep.add(Finding{Severity: Fatal, Code: CodeExtentBeyondSize, Disk: label,

@@ -218,8 +218,10 @@ func (s *Store) loadCheckpoint() error {
 		}
 		d := s.newDisk(cd.ID, cd.Name, cd.Attr)
 		d.orphan = cd.Flags&diskFlagOrphan != 0
-		for _, e := range cd.Extents {
-			d.m.Insert(blockmap.Extent{Virt: e.Virt, Phys: e.Phys, Len: e.Len}, nil)
+		for _, e := range cd.Extents { // sorted and disjoint: decodeCheckpoint checked
+			if err := d.m.Append(blockmap.Extent{Virt: e.Virt, Phys: e.Phys, Len: e.Len}); err != nil {
+				return fmt.Errorf("checkpoint: disk %d: %w: %w", cd.ID, err, ErrCorrupt)
+			}
 		}
 		s.mu.disks[cd.ID] = d
 		if _, taken := s.mu.names[cd.Name]; !taken && !d.orphan {
