@@ -140,7 +140,8 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			if direct {
 				off, n = rng.Int64N(diskSpan/512-512)*512, (1+rng.Int64N(256))*512
 			} else {
-				off, n = rng.Int64N(diskSpan-4096), 1+rng.Int64N(64<<10)
+				off = rng.Int64N(diskSpan - 4096)
+				n = min(1+rng.Int64N(64<<10), diskSpan-off)
 			}
 			p := buf[:n]
 			for j := range p {
