@@ -8,11 +8,12 @@ cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*"; }
 
-# Debian packages the tests use: fio and qemu-img drive real clients through
-# the mount, e2fsprogs and util-linux (losetup) the file-system tests, fuse3
-# gives fusermount for non-root fallbacks.
+# Debian packages the tests use: fio, qemu-img and a QEMU guest (with a static
+# busybox initramfs) drive real clients through the mount, e2fsprogs and
+# util-linux (losetup) the file-system tests, fuse3 gives fusermount for
+# non-root fallbacks. The tests install what is missing themselves too.
 need_pkgs=()
-for pair in fio:fio qemu-img:qemu-utils mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3; do
+for pair in fio:fio qemu-img:qemu-utils qemu-system-x86_64:qemu-system-x86 /bin/busybox:busybox-static mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3; do
 	cmd=${pair%%:*} pkg=${pair##*:}
 	command -v "$cmd" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
@@ -26,6 +27,13 @@ if ((${#need_pkgs[@]})); then
 		echo "missing ${need_pkgs[*]} and not root: tests that need them will fail" >&2
 	fi
 fi
+
+# What is mounted or attached before the tests, so that only what the tests
+# leave behind counts at the end.
+list_mounts() { grep -E ' fuse\.(vdiskfs|passthrough)' /proc/mounts | awk '{print $2}' | sort || true; }
+list_loops() { if command -v losetup >/dev/null; then losetup -a | sort; fi; }
+mounts_before=$(list_mounts)
+loops_before=$(list_loops)
 
 log "go mod download"
 go mod download
@@ -53,10 +61,12 @@ log "go test (full sizes)"
 go test -count=1 -timeout 30m ./...
 
 log "nothing left behind"
-if grep -E ' fuse(\.vdiskfs|\.passthrough)? ' /proc/mounts | grep -E 'vdiskfs|passthrough'; then
-	echo "mounts left behind (above)"; exit 1
+left_mounts=$(comm -13 <(echo "$mounts_before") <(list_mounts))
+if [ -n "$left_mounts" ]; then
+	echo "mounts left behind by the tests:"; echo "$left_mounts"; exit 1
 fi
-if command -v losetup >/dev/null && losetup -a | grep -E 'vdisk|/tmp/'; then
-	echo "loop devices left behind (above)"; exit 1
+left_loops=$(comm -13 <(echo "$loops_before") <(list_loops))
+if [ -n "$left_loops" ]; then
+	echo "loop devices left behind by the tests:"; echo "$left_loops"; exit 1
 fi
 echo "all tests passed"

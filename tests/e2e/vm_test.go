@@ -1,0 +1,578 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The guest's disk and the pattern its writes come from.
+const (
+	vmDiskSize    = 512 << 20
+	vmPatternSize = 30 << 20
+	vmMemory      = "256M"
+)
+
+// guestOp is one step of the guest's script: a dd from the pattern file
+// (pattern bytes [pat, pat+n) to disk bytes [off, off+n), bs bytes a
+// request) or a blkdiscard of [off, off+n).
+type guestOp struct {
+	what    string
+	discard bool
+	off, n  int64
+	pat     int64
+	bs      string
+	direct  bool
+	par     bool // run in the background with the par steps next to it
+}
+
+// vmOps: large and small requests, O_DIRECT and through the guest's page
+// cache (flushed with fsync), 4 KiB-aligned and 512-aligned, overwrites
+// inside a written region, the last MiB of the disk, discards, and a write
+// into a discarded range. All discards are 1 MiB-aligned, so what they
+// leave is defined: zeros.
+var vmOps = []guestOp{
+	{what: "16 MiB at 0, bs=1M, O_DIRECT", off: 0, n: 16 << 20, pat: 0, bs: "1M", direct: true},
+	{what: "4 MiB at 100 MiB+4 KiB, bs=4k, O_DIRECT", off: 100<<20 + 4096, n: 4 << 20, pat: 16 << 20, bs: "4k", direct: true},
+	{what: "1 MiB at 200 MiB+512, bs=512, O_DIRECT", off: 200<<20 + 512, n: 1 << 20, pat: 20 << 20, bs: "512", direct: true},
+	{what: "3 MiB at 300 MiB, bs=64k, buffered", off: 300 << 20, n: 3 << 20, pat: 21 << 20, bs: "64k"},
+	{what: "256 KiB at 2 MiB+512, bs=4k, O_DIRECT (overwrite, not 4 KiB-aligned)", off: 2<<20 + 512, n: 256 << 10, pat: 24 << 20, bs: "4k", direct: true},
+	{what: "the last MiB, bs=1M, O_DIRECT", off: vmDiskSize - 1<<20, n: 1 << 20, pat: 24<<20 + 256<<10, bs: "1M", direct: true},
+	{what: "discard 4 MiB at 8 MiB", discard: true, off: 8 << 20, n: 4 << 20},
+	{what: "discard 1 MiB at 301 MiB", discard: true, off: 301 << 20, n: 1 << 20},
+	{what: "64 KiB at 9 MiB, bs=4k, O_DIRECT (into the discarded range)", off: 9 << 20, n: 64 << 10, pat: 25<<20 + 256<<10, bs: "4k", direct: true},
+	{what: "4 writers at once: 1 MiB at 400 MiB, bs=64k, O_DIRECT", off: 400 << 20, n: 1 << 20, pat: 26 << 20, bs: "64k", direct: true, par: true},
+	{what: "4 writers at once: 1 MiB at 401 MiB+4 KiB, bs=16k, O_DIRECT", off: 401<<20 + 4096, n: 1 << 20, pat: 27 << 20, bs: "16k", direct: true, par: true},
+	{what: "4 writers at once: 1 MiB at 402 MiB+8 KiB, bs=4k, O_DIRECT", off: 402<<20 + 8192, n: 1 << 20, pat: 28 << 20, bs: "4k", direct: true, par: true},
+	{what: "4 writers at once: 1 MiB at 403 MiB+12 KiB, bs=128k, buffered", off: 403<<20 + 12288, n: 1 << 20, pat: 29 << 20, bs: "128k", par: true},
+}
+
+// vmHoles are ranges never written, checked to read as zeros.
+var vmHoles = [][2]int64{{50 << 20, 1 << 20}, {vmDiskSize - 2<<20, 1 << 20}}
+
+// vmPattern is the deterministic content the guest writes from.
+func vmPattern() []byte {
+	var seed [32]byte
+	copy(seed[:], "vdiskfs e2e guest pattern, v1")
+	p := make([]byte, vmPatternSize)
+	rand.NewChaCha8(seed).Read(p)
+	return p
+}
+
+// expectedRange is what disk bytes [off, off+n) hold after ops.
+func expectedRange(ops []guestOp, pattern []byte, off, n int64) []byte {
+	buf := make([]byte, n)
+	for _, op := range ops {
+		lo, hi := max(off, op.off), min(off+n, op.off+op.n)
+		if lo >= hi {
+			continue
+		}
+		if op.discard {
+			clear(buf[lo-off : hi-off])
+		} else {
+			copy(buf[lo-off:hi-off], pattern[op.pat+lo-op.off:op.pat+hi-op.off])
+		}
+	}
+	return buf
+}
+
+// expectedAllocated is the bytes of the store's blocks (bs bytes each)
+// written and not since wholly discarded: what a thin disk should hold
+// after ops.
+func expectedAllocated(ops []guestOp, size, bs int64) int64 {
+	blocks := make([]bool, (size+bs-1)/bs)
+	for _, op := range ops {
+		if op.discard {
+			for b := (op.off + bs - 1) / bs; (b+1)*bs <= op.off+op.n; b++ {
+				blocks[b] = false
+			}
+			continue
+		}
+		for b := op.off / bs; b*bs < op.off+op.n; b++ {
+			blocks[b] = true
+		}
+	}
+	var n int64
+	for _, set := range blocks {
+		if set {
+			n += bs
+		}
+	}
+	return n
+}
+
+// guestInit is the guest's /init: load the virtio modules, run ops on
+// /dev/vda, drop the caches, check every range's md5 with O_DIRECT reads,
+// print E2E-RESULT PASS or FAIL, and power off.
+func guestInit(ops []guestOp, checks [][2]int64, pattern []byte, modules []string) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, `#!/bin/sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+up() { cut -d' ' -f1 /proc/uptime; }
+fail() { echo "E2E-RESULT FAIL: $*"; sync; poweroff -f; sleep 30; }
+echo "E2E-INIT kernel $(uname -r), up $(up) s"
+`)
+	for _, m := range modules {
+		fmt.Fprintf(&s, "insmod /lib/modules/%[1]s || fail 'insmod %[1]s'\n", filepath.Base(m))
+	}
+	fmt.Fprintf(&s, `n=0
+while [ ! -b /dev/vda ]; do n=$((n+1)); [ $n -gt 300 ] && fail "no /dev/vda"; sleep 0.1; done
+size=$(blockdev --getsize64 /dev/vda)
+[ "$size" = %d ] || fail "/dev/vda is $size bytes"
+q=/sys/block/vda/queue
+echo "E2E-DISK size=$size logical_block_size=$(cat $q/logical_block_size) physical_block_size=$(cat $q/physical_block_size) discard_granularity=$(cat $q/discard_granularity) discard_max_bytes=$(cat $q/discard_max_bytes) write_cache=$(cat $q/write_cache) up=$(up)"
+`, vmDiskSize)
+	for i, op := range ops {
+		fmt.Fprintf(&s, "echo \"E2E-STEP %d: %s, up=$(up)\"\n", i+1, op.what)
+		if op.discard {
+			fmt.Fprintf(&s, "blkdiscard -o %d -l %d /dev/vda || fail 'step %d'\n", op.off, op.n, i+1)
+			continue
+		}
+		oflag := "seek_bytes"
+		if op.direct {
+			oflag += ",direct"
+		}
+		end := fmt.Sprintf(" || fail 'step %d'", i+1)
+		if op.par {
+			end = ` & pids="$pids $!"`
+		}
+		fmt.Fprintf(&s, "dd if=/pattern.bin of=/dev/vda bs=%s iflag=skip_bytes,count_bytes,fullblock skip=%d count=%d oflag=%s seek=%d conv=notrunc,fsync status=none%s\n",
+			op.bs, op.pat, op.n, oflag, op.off, end)
+		if op.par && (i+1 == len(ops) || !ops[i+1].par) {
+			fmt.Fprintf(&s, "for p in $pids; do wait $p || fail 'a parallel step before %d'; done; pids=\n", i+2)
+		}
+	}
+	fmt.Fprintf(&s, `sync
+echo 3 > /proc/sys/vm/drop_caches
+echo "E2E-VERIFY up=$(up)"
+check() {
+	got=$(dd if=/dev/vda bs=1M iflag=direct,skip_bytes,count_bytes skip=$1 count=$2 status=none | md5sum)
+	got=${got%%%% *}
+	[ "$got" = "$3" ] || fail "bytes $1+$2 ($4): md5 $got, want $3"
+	echo "E2E-OK bytes $1+$2 ($4) md5 $got"
+}
+`)
+	for _, c := range checks {
+		sum := md5.Sum(expectedRange(ops, pattern, c[0], c[1]))
+		fmt.Fprintf(&s, "check %d %d %s '%s'\n", c[0], c[1], hex.EncodeToString(sum[:]), describeRange(ops, c))
+	}
+	s.WriteString(`echo "E2E-RESULT PASS up=$(up)"
+poweroff -f
+sleep 30
+`)
+	return s.String()
+}
+
+func describeRange(ops []guestOp, r [2]int64) string {
+	for _, op := range ops {
+		if op.off == r[0] && op.n == r[1] {
+			if op.discard {
+				return "discarded"
+			}
+			return "written"
+		}
+	}
+	return "never written"
+}
+
+// qemuAttempt is one run of QEMU with one accelerator and one aio mode.
+type qemuAttempt struct {
+	accel, aio string
+	console    string // the guest's serial output
+	stderr     string
+	elapsed    time.Duration
+	outcome    string // pass, guest-fail, refused, no-progress, timeout, exited
+}
+
+// runQEMU boots the guest and waits: for the init marker within
+// initTimeout (a stalled accelerator is given up), for the result within
+// total.
+func runQEMU(t *testing.T, qemu string, args []string, initTimeout, total time.Duration) *qemuAttempt {
+	t.Helper()
+	a := &qemuAttempt{}
+	cmd := exec.Command(qemu, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", qemu, err)
+	}
+	var mu sync.Mutex
+	var console strings.Builder
+	initSeen := make(chan struct{})
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		seen := false
+		for sc.Scan() {
+			line := strings.TrimRight(sc.Text(), "\r")
+			mu.Lock()
+			console.WriteString(line + "\n")
+			mu.Unlock()
+			if !seen && strings.HasPrefix(line, "E2E-INIT") {
+				seen = true
+				close(initSeen)
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() {
+		<-readDone
+		exited <- cmd.Wait()
+	}()
+	initTimer := time.NewTimer(initTimeout)
+	totalTimer := time.NewTimer(total)
+	defer initTimer.Stop()
+	defer totalTimer.Stop()
+	var waitErr error
+wait:
+	for {
+		select {
+		case <-initSeen:
+			initSeen = nil
+			initTimer.Stop()
+			t.Logf("  guest init reached after %v", time.Since(start).Round(time.Millisecond))
+		case <-initTimer.C:
+			a.outcome = "no-progress"
+			cmd.Process.Kill()
+			waitErr = <-exited
+			break wait
+		case <-totalTimer.C:
+			a.outcome = "timeout"
+			cmd.Process.Kill()
+			waitErr = <-exited
+			break wait
+		case waitErr = <-exited:
+			break wait
+		}
+	}
+	a.elapsed = time.Since(start)
+	mu.Lock()
+	a.console = console.String()
+	mu.Unlock()
+	a.stderr = stderr.String()
+	if a.outcome == "" {
+		switch {
+		case strings.Contains(a.console, "E2E-RESULT PASS"):
+			a.outcome = "pass"
+		case strings.Contains(a.console, "E2E-RESULT FAIL"):
+			a.outcome = "guest-fail"
+		case strings.TrimSpace(a.console) == "" && waitErr != nil:
+			a.outcome = "refused"
+		default:
+			a.outcome = "exited"
+		}
+	}
+	return a
+}
+
+// TestVMWritesThroughVdiskfs boots Debian's stock kernel in QEMU with a
+// vdisk as its virtio disk (cache=none, io_uring if QEMU takes it) and a
+// busybox initramfs whose /init writes, discards and verifies; the host
+// then checks every byte through the mount, again after a kill -9 of the
+// daemon and a remount, again after a clean unmount and remount, and fsck
+// checks the store.
+func TestVMWritesThroughVdiskfs(t *testing.T) {
+	requireRoot(t)
+	testStart := time.Now()
+	needTools(t, "qemu-system-x86_64:qemu-system-x86")
+	qemu, _ := exec.LookPath("qemu-system-x86_64")
+	kernel := cachedKernel(t)
+	busybox := staticBusybox(t)
+	applets := busyboxApplets(t, busybox)
+	for _, a := range []string{"sh", "mount", "insmod", "dd", "md5sum", "blockdev", "cut", "cat", "sleep", "sync", "poweroff"} {
+		if !applets[a] {
+			t.Fatalf("%s has no %s applet", busybox, a)
+		}
+	}
+
+	// Without blkdiscard in busybox, the guest skips its discards and the
+	// host punches the same ranges after the guest is done.
+	guestOps, hostDiscards := vmOps, []guestOp(nil)
+	if !applets["blkdiscard"] {
+		t.Logf("busybox has no blkdiscard: the guest skips its discards; they are done host side (fallocate punch hole) afterwards")
+		guestOps = nil
+		for _, op := range vmOps {
+			if op.discard {
+				hostDiscards = append(hostDiscards, op)
+			} else {
+				guestOps = append(guestOps, op)
+			}
+		}
+	}
+	allOps := append(append([]guestOp{}, guestOps...), hostDiscards...)
+	var checks [][2]int64
+	for _, op := range vmOps {
+		checks = append(checks, [2]int64{op.off, op.n})
+	}
+	checks = append(checks, vmHoles...)
+
+	pattern := vmPattern()
+	initramfs := filepath.Join(t.TempDir(), "initramfs.cpio")
+	script := guestInit(guestOps, checks, pattern, kernel.modules)
+	writeInitramfs(t, initramfs, busybox, kernel.modules, []initramfsFile{
+		{name: "init", mode: 0o755, data: []byte(script)},
+		{name: "pattern.bin", mode: 0o644, data: pattern},
+	})
+	var mods []string
+	for _, m := range kernel.modules {
+		mods = append(mods, strings.TrimSuffix(filepath.Base(m), ".ko"))
+	}
+	t.Logf("initramfs: %s, busybox %s, modules %v, %d steps, %d checks", mib(fileSize(t, initramfs)), busybox, mods, len(guestOps), len(checks))
+
+	store := newStore(t)
+	blockSize := storeBlockSize(t, store)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	m := mountStore(t, store, mnt)
+	newDisk := func(aio string) string {
+		disk := filepath.Join(mnt, "vm-"+aio+".raw")
+		os.Remove(disk)
+		f, err := os.OpenFile(disk, os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(vmDiskSize); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		return disk
+	}
+
+	// Accelerators and aio modes in order of preference: KVM is given a
+	// bounded time to reach /init (a nested KVM may be too slow), then TCG.
+	type accel struct {
+		name              string
+		args              []string
+		initTimeout, full time.Duration
+	}
+	accels := []accel{
+		{"kvm", []string{"-enable-kvm"}, 20 * time.Second, 150 * time.Second},
+		{"tcg", []string{"-accel", "tcg"}, 120 * time.Second, 240 * time.Second},
+	}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		t.Logf("no /dev/kvm: TCG only")
+		accels = accels[1:]
+	}
+	boot := func(ac accel, aio, disk string) *qemuAttempt {
+		args := []string{
+			"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
+			"-no-reboot", "-m", vmMemory, "-smp", "1",
+			"-kernel", kernel.vmlinuz, "-initrd", initramfs,
+			"-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init",
+			"-drive", "file=" + disk + ",format=raw,if=virtio,cache=none,aio=" + aio + ",discard=unmap",
+		}
+		t.Logf("booting: accel=%s aio=%s disk=%s", ac.name, aio, filepath.Base(disk))
+		a := runQEMU(t, qemu, append(args, ac.args...), ac.initTimeout, ac.full)
+		a.accel, a.aio = ac.name, aio
+		t.Logf("  %s/%s: %s after %v", ac.name, aio, a.outcome, a.elapsed.Round(time.Millisecond))
+		if a.outcome == "guest-fail" || a.outcome == "exited" {
+			t.Fatalf("guest (accel=%s aio=%s) did not pass:\n%s\nqemu stderr:\n%s", ac.name, aio, a.console, a.stderr)
+		}
+		return a
+	}
+	report := func(a *qemuAttempt) {
+		t.Logf("RAN: accel=%s aio=%s, guest %v (boot to poweroff)", a.accel, a.aio, a.elapsed.Round(time.Millisecond))
+		for _, line := range strings.Split(a.console, "\n") {
+			if strings.HasPrefix(line, "E2E-") && !strings.HasPrefix(line, "E2E-OK") {
+				t.Logf("  guest: %s", line)
+			}
+		}
+		if applets["blkdiscard"] && !regexp.MustCompile(`discard_max_bytes=[1-9]`).MatchString(a.console) {
+			t.Errorf("the guest saw no discard support on its virtio disk")
+		}
+	}
+
+	// The first guest that passes fixes the accelerator: io_uring first,
+	// native and threads only if QEMU refuses it.
+	aioModes := []string{"io_uring", "native", "threads"}
+	refused := map[string]bool{}
+	var first *qemuAttempt
+	var chosen accel
+	var disks []string
+attempts:
+	for _, ac := range accels {
+		for _, aio := range aioModes {
+			if refused[aio] {
+				continue
+			}
+			disk := newDisk(aio)
+			a := boot(ac, aio, disk)
+			switch a.outcome {
+			case "pass":
+				first, chosen = a, ac
+				disks = append(disks, disk)
+				break attempts
+			case "refused":
+				msg := strings.TrimSpace(a.stderr)
+				if strings.Contains(strings.ToLower(msg), "kvm") {
+					t.Logf("  QEMU refused KVM: %s", msg)
+					continue attempts
+				}
+				if low := strings.ToLower(msg); !strings.Contains(low, "aio") && !strings.Contains(low, "io_uring") {
+					t.Fatalf("QEMU (accel=%s aio=%s) did not start: %s", ac.name, aio, msg)
+				}
+				t.Logf("  QEMU refused aio=%s: %s", aio, msg)
+				refused[aio] = true
+			case "no-progress", "timeout":
+				if ac.name == "tcg" {
+					t.Fatalf("guest (accel=tcg aio=%s): %s after %v; console:\n%s\nqemu stderr:\n%s", aio, a.outcome, a.elapsed.Round(time.Second), a.console, a.stderr)
+				}
+				so := lastLines(a.console, 5)
+				if strings.TrimSpace(so) == "" {
+					so = "(no console output)"
+				}
+				t.Logf("  KVM too slow (%s after %v): falling back to TCG; console so far: %s", a.outcome, a.elapsed.Round(time.Second), so)
+				continue attempts
+			}
+		}
+	}
+	if first == nil {
+		t.Fatalf("QEMU never ran the guest (refused aio modes: %v)", refused)
+	}
+	report(first)
+	// The other aio modes QEMU accepts, each on its own disk: native
+	// (Linux AIO, concurrent only with async direct I/O) and threads
+	// (QEMU's default, preadv/pwritev from a pool).
+	for _, aio := range aioModes {
+		if aio == first.aio || refused[aio] {
+			continue
+		}
+		if testing.Short() {
+			t.Logf("-short: aio=%s not run (the full run boots a guest with each aio mode)", aio)
+			continue
+		}
+		disk := newDisk(aio)
+		a := boot(chosen, aio, disk)
+		switch a.outcome {
+		case "pass":
+			report(a)
+			disks = append(disks, disk)
+		case "refused":
+			t.Logf("  QEMU refused aio=%s (not run): %s", aio, strings.TrimSpace(a.stderr))
+		default:
+			t.Fatalf("guest (accel=%s aio=%s): %s after %v; console:\n%s\nqemu stderr:\n%s", chosen.name, aio, a.outcome, a.elapsed.Round(time.Second), a.console, a.stderr)
+		}
+	}
+
+	// Host side discards, when the guest could not.
+	for _, disk := range disks {
+		if len(hostDiscards) == 0 {
+			break
+		}
+		f, err := os.OpenFile(disk, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range hostDiscards {
+			if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, op.off, op.n); err != nil {
+				t.Fatalf("host side %s: %v", op.what, err)
+			}
+		}
+		f.Close()
+	}
+
+	// The host sees the same bytes, every one of them, and thin disks.
+	wantAlloc := expectedAllocated(allOps, vmDiskSize, blockSize)
+	verifyAll := func(when string) {
+		t.Helper()
+		for _, disk := range disks {
+			verifyVMDisk(t, disk, allOps, pattern, wantAlloc, when)
+		}
+	}
+	verifyAll("after the guest")
+	// The guests flushed every write (dd conv=fsync, sync) and QEMU
+	// flushes at exit: all of it must survive a crash of the daemon.
+	m.kill9(t)
+	m = mountStore(t, store, mnt)
+	verifyAll("after kill -9 of the daemon and a remount")
+	m.unmount(t)
+	m = mountStore(t, store, mnt)
+	verifyAll("after unmount and remount")
+	m.unmount(t)
+	fsckClean(t, store)
+	t.Logf("TestVMWritesThroughVdiskfs: %v in all", time.Since(testStart).Round(time.Millisecond))
+}
+
+// verifyVMDisk reads the whole disk through the mount and compares it with
+// what ops leave; it also reports the disk's allocation.
+func verifyVMDisk(t *testing.T, disk string, ops []guestOp, pattern []byte, wantAlloc int64, when string) {
+	t.Helper()
+	start := time.Now()
+	f, err := os.Open(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const chunk = 4 << 20
+	buf := make([]byte, chunk)
+	var off int64
+	for off < vmDiskSize {
+		n, err := io.ReadFull(f, buf)
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+			t.Fatalf("%s: read %s at %d: %v", when, disk, off, err)
+		}
+		if n == 0 {
+			break
+		}
+		want := expectedRange(ops, pattern, off, int64(n))
+		if i := firstDiff(buf[:n], want); i >= 0 {
+			t.Fatalf("%s: %s differs at byte %d (got %#x, want %#x)", when, disk, off+int64(i), buf[i], want[i])
+		}
+		off += int64(n)
+	}
+	if off != vmDiskSize {
+		t.Fatalf("%s: read %d bytes of %s, want %d", when, off, disk, vmDiskSize)
+	}
+	alloc, size := usage(t, disk)
+	name := filepath.Base(disk)
+	t.Logf("%s: all %s of %s as expected (read in %v); allocated %s (st_blocks*512) of apparent %s; written blocks not discarded: %s",
+		when, mib(size), name, time.Since(start).Round(time.Millisecond), mib(alloc), mib(size), mib(wantAlloc))
+	if alloc > wantAlloc {
+		t.Errorf("%s: %s allocates %d bytes, more than the %d bytes of blocks written and not discarded", when, name, alloc, wantAlloc)
+	}
+	if alloc < wantAlloc {
+		t.Errorf("%s: %s allocates %d bytes, less than the %d bytes of blocks holding data", when, name, alloc, wantAlloc)
+	}
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
