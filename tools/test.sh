@@ -28,12 +28,13 @@ if ((${#need_pkgs[@]})); then
 	fi
 fi
 
-# What is mounted or attached before the tests, so that only what the tests
-# leave behind counts at the end.
-list_mounts() { grep -E ' fuse\.(vdiskfs|passthrough)' /proc/mounts | awk '{print $2}' | sort || true; }
-list_loops() { if command -v losetup >/dev/null; then losetup -a | sort; fi; }
-mounts_before=$(list_mounts)
-loops_before=$(list_loops)
+# Every test's temporary directory (and so every mount point, store and
+# loop-device backing file) lives under one directory of this run, so what
+# the tests leave behind can be told from anything else on the machine.
+run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/vdiskfs-test.XXXXXX")
+export TMPDIR=$run_tmp
+list_mounts() { awk -v p="$run_tmp/" 'index($2, p) == 1 {print $2}' /proc/mounts; }
+list_loops() { if command -v losetup >/dev/null; then losetup -a | grep -F "$run_tmp/" || true; fi; }
 
 log "go mod download"
 go mod download
@@ -61,12 +62,11 @@ log "go test (full sizes)"
 go test -count=1 -timeout 30m ./...
 
 log "nothing left behind"
-left_mounts=$(comm -13 <(echo "$mounts_before") <(list_mounts))
-if [ -n "$left_mounts" ]; then
-	echo "mounts left behind by the tests:"; echo "$left_mounts"; exit 1
+if [ -n "$(list_mounts)" ]; then
+	echo "mounts left behind by the tests:"; list_mounts; exit 1
 fi
-left_loops=$(comm -13 <(echo "$loops_before") <(list_loops))
-if [ -n "$left_loops" ]; then
-	echo "loop devices left behind by the tests:"; echo "$left_loops"; exit 1
+if [ -n "$(list_loops)" ]; then
+	echo "loop devices left behind by the tests:"; list_loops; exit 1
 fi
+rm -rf "$run_tmp"
 echo "all tests passed"
