@@ -3,39 +3,22 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/ncw/directio"
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
-// requireFUSE skips a mount test when this process cannot serve FUSE, and
-// fails it in CI, where FUSE must be there.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("mount tests need root and /dev/fuse in CI: %s", why)
-	}
-	t.Skipf("mount tests need root and /dev/fuse: %s", why)
-}
+func requireFUSE(t *testing.T) { testutil.RequireFUSE(t) }
 
 // mountInProcess runs `vdisk mount ... --foreground --ready-fd` in this
 // process and returns once the mount is ready. The returned channel yields
@@ -130,33 +113,9 @@ func TestMountDefaultStore(t *testing.T) {
 	checkStore(t, store)
 }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
 // vdiskBinary builds the vdisk binary once: the daemon and kill -9 tests
 // need a real process.
-func vdiskBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "vdisk-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "vdisk")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = errors.New(string(out))
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build vdisk: %v", buildErr)
-	}
-	return binPath
-}
+func vdiskBinary(t *testing.T) string { return testutil.VdiskBinary(t, false) }
 
 // TestMountDaemonKill9 is the fsync contract through the real daemon: write
 // with O_DIRECT, fsync, kill -9 the daemon, mount again (which clears the

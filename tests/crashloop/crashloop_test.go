@@ -25,40 +25,14 @@ import (
 
 	"github.com/ncw/directio"
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 const (
 	disks    = 4
 	diskSpan = 8 << 20 // offsets stay below this
 )
-
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("the crash loop needs root and /dev/fuse in CI: %s", why)
-	}
-	t.Skipf("the crash loop needs root and /dev/fuse: %s", why)
-}
-
-// buildVdisk builds the vdisk binary into dir.
-func buildVdisk(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "vdisk")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/vdisk").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build vdisk: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // daemon is one running `vdisk mount --foreground`.
 type daemon struct {
@@ -217,7 +191,7 @@ func verify(t *testing.T, cycle int, mnt string, models []*diskModel) {
 }
 
 func TestCrashLoop(t *testing.T) {
-	requireFUSE(t)
+	testutil.RequireFUSE(t)
 	cycles := 50
 	if v := os.Getenv("VDISK_CRASH_CYCLES"); v != "" {
 		cycles, _ = strconv.Atoi(v)
@@ -232,7 +206,7 @@ func TestCrashLoop(t *testing.T) {
 	t.Logf("seed %d, %d cycles", seed, cycles)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	dir := t.TempDir()
-	bin := buildVdisk(t, dir)
+	bin := testutil.VdiskBinary(t, false)
 	store := filepath.Join(dir, "store.img")
 	mnt := filepath.Join(dir, "mnt")
 	if out, err := exec.Command(bin, "format", store, "--size", "1G").CombinedOutput(); err != nil {

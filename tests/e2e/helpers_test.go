@@ -16,40 +16,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // storeSize is the size of every test store (a sparse file on the ext4
 // that holds t.TempDir()).
 const storeSize = "8G"
 
-var binDir string // holds the vdisk binary built for this run
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-// requireRoot skips a test that needs root and /dev/fuse when they are
-// missing, and fails it in CI (CI=true), where they must be there.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("end-to-end tests need root and /dev/fuse in CI: %s", why)
-	}
-	t.Skipf("end-to-end tests need root and /dev/fuse: %s", why)
-}
+func requireRoot(t *testing.T) { testutil.RequireFUSE(t) }
 
 // --- Debian packages ------------------------------------------------------
 
@@ -161,42 +136,10 @@ func runErr(timeout time.Duration, name string, args ...string) (string, error) 
 
 // --- the vdisk binary, stores and mounts ------------------------------------
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
 // vdiskBin builds cmd/vdisk once per test binary (with -race when the
 // tests themselves are built with it, so that the daemon serving the real
 // clients runs under the race detector too).
-func vdiskBin(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "vdisk-e2e-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binDir = dir
-		binPath = filepath.Join(dir, "vdisk")
-		args := []string{"build", "-o", binPath}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		start := time.Now()
-		out, err := exec.Command("go", append(args, "github.com/vdiskfs/vdiskfs/cmd/vdisk")...).CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("%v: %s", err, out)
-			return
-		}
-		t.Logf("built vdisk (race=%v) in %v", raceEnabled, time.Since(start).Round(time.Millisecond))
-	})
-	if buildErr != nil {
-		t.Fatalf("build vdisk: %v", buildErr)
-	}
-	return binPath
-}
+func vdiskBin(t *testing.T) string { return testutil.VdiskBinary(t, raceEnabled) }
 
 // newStore formats a sparse store file in a fresh temporary directory.
 func newStore(t *testing.T) string {
