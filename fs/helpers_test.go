@@ -31,6 +31,9 @@ type testCase struct {
 	storeOpts image.Options
 	mountOpts Options
 	wrapBE    func(backend.Backend) backend.Backend
+	memBE     memBackend          // the store's backing instead of a file (withMemBackend)
+	formatOpt image.FormatOptions // how the store is formatted
+	formatOps int                 // for a Crash memBE: its op count when Format returned
 	store     *image.Store
 	srv       *Server
 }
@@ -45,6 +48,26 @@ func withStoreOptions(o image.Options) tcOption { return func(tc *testCase) { tc
 // watch or slow down backend I/O.
 func withBackend(wrap func(backend.Backend) backend.Backend) tcOption {
 	return func(tc *testCase) { tc.wrapBE = wrap }
+}
+
+// memBackend is an in-memory backend that keeps its contents across Close
+// and Reopen: backend.Mem, or backend.Crash for power cuts and injected
+// faults.
+type memBackend interface {
+	backend.Backend
+	Reopen()
+	Bytes() []byte
+}
+
+// withMemBackend formats the store on be instead of a file in t.TempDir()
+// and opens it there (again after a remount); be's size is the store's.
+// Tests then cut power (Crash.MemAt) or inject faults (Crash.SetFault).
+func withMemBackend(be memBackend) tcOption { return func(tc *testCase) { tc.memBE = be } }
+
+// withFormatOptions formats the store with fo (a small journal makes
+// checkpoints frequent).
+func withFormatOptions(fo image.FormatOptions) tcOption {
+	return func(tc *testCase) { tc.formatOpt = fo }
 }
 
 // withMountOptions mounts with o.
@@ -114,7 +137,14 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 	if err := os.Mkdir(tc.mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := image.FormatPath(tc.storePath, tc.storeSize, image.FormatOptions{}); err != nil {
+	if tc.memBE != nil {
+		if err := image.Format(tc.memBE, tc.formatOpt); err != nil {
+			t.Fatal(err)
+		}
+		if c, ok := tc.memBE.(*backend.Crash); ok {
+			tc.formatOps = c.OpCount()
+		}
+	} else if err := image.FormatPath(tc.storePath, tc.storeSize, tc.formatOpt); err != nil {
 		t.Fatal(err)
 	}
 	tc.openStore()
@@ -125,6 +155,15 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 
 func (tc *testCase) openStore() {
 	tc.t.Helper()
+	if tc.memBE != nil {
+		tc.memBE.Reopen() // a no-op before the first open
+		s, err := image.Open(tc.memBE, tc.storeOpts)
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		tc.store = s
+		return
+	}
 	if tc.wrapBE != nil {
 		be, err := backend.Open(tc.storePath, backend.OpenOptions{})
 		if err != nil {
@@ -193,10 +232,11 @@ func (tc *testCase) remount() {
 		tc.t.FailNow()
 	}
 	tc.check("before close")
-	if err := tc.store.Close(); err != nil {
+	err := tc.store.Close()
+	tc.store = nil
+	if err != nil {
 		tc.t.Fatalf("close store: %v", err)
 	}
-	tc.store = nil
 	tc.openStore()
 	tc.check("after reopen")
 	tc.mount()
@@ -213,7 +253,7 @@ func (tc *testCase) cleanup() {
 			t.Errorf("close store: %v", err)
 		}
 		tc.store = nil
-		if s, err := image.OpenPath(tc.storePath, image.Options{ReadOnly: true, Tolerant: true, Logger: testLogger}); err != nil {
+		if s, err := tc.reopenReadOnly(); err != nil {
 			t.Errorf("reopen store: %v", err)
 		} else {
 			if rep := s.Check(); !rep.Clean() {
@@ -224,11 +264,42 @@ func (tc *testCase) cleanup() {
 			s.Close()
 		}
 	}
-	if t.Failed() {
+	if t.Failed() && tc.memBE != nil {
+		keep := filepath.Join(os.TempDir(), fmt.Sprintf("vdiskfs-%s-%d.img", strings.ReplaceAll(t.Name(), "/", "_"), os.Getpid()))
+		if err := os.WriteFile(keep, tc.memBE.Bytes(), 0o644); err == nil {
+			t.Logf("store kept at %s", keep)
+		}
+	} else if t.Failed() {
 		keep := filepath.Join(os.TempDir(), fmt.Sprintf("vdiskfs-%s-%d.img", strings.ReplaceAll(t.Name(), "/", "_"), os.Getpid()))
 		if err := os.Rename(tc.storePath, keep); err == nil {
 			t.Logf("store kept at %s", keep)
 		}
+	}
+}
+
+// reopenReadOnly opens the (closed) store again, read-only and tolerant,
+// for a last check.
+func (tc *testCase) reopenReadOnly() (*image.Store, error) {
+	opts := image.Options{ReadOnly: true, Tolerant: true, Logger: testLogger}
+	if tc.memBE != nil {
+		tc.memBE.Reopen()
+		return image.Open(tc.memBE, opts)
+	}
+	return image.OpenPath(tc.storePath, opts)
+}
+
+// closeStore unmounts, checks and closes the store, leaving nothing for
+// cleanup to do: for tests that look at the backing afterwards.
+func (tc *testCase) closeStore() {
+	tc.t.Helper()
+	if !tc.unmount() {
+		tc.t.FailNow()
+	}
+	tc.check("before close")
+	err := tc.store.Close()
+	tc.store = nil
+	if err != nil {
+		tc.t.Fatalf("close store: %v", err)
 	}
 }
 

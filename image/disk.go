@@ -180,6 +180,9 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 	if off >= size {
 		return 0, io.EOF
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
 	n := min(int64(len(p)), size-off)
 	bs := s.bs
 	first, count := coalesce.BlockRange(uint64(off), uint64(n), bs)
@@ -486,11 +489,24 @@ func (s *Store) unallocate(allocs []pext) {
 	}
 }
 
-// ckptReserveLocked is the number of blocks a checkpoint of the current
-// state needs, kept free so that a full store can always checkpoint.
+// ckptReserveLocked is the number of blocks kept free so that a full store
+// can always checkpoint, and checkpoint again: the blocks a checkpoint of
+// the current state needs, plus, when that is more than the current
+// checkpoint holds, the difference. The current checkpoint's blocks come
+// free only after the next one is written, so without that margin a store
+// whose metadata grew since its last checkpoint could write one more
+// checkpoint into the reserve and then have too little left for the next.
 func (s *Store) ckptReserveLocked() uint64 {
 	bytes := ckptSize(len(s.mu.disks), len(s.mu.disks)*MaxNameLen, s.mu.extents, s.mu.alloc.byStart.Len()+maxCkptExtents)
-	return uint64(bytes)/s.bs + 2
+	need := uint64(bytes)/s.bs + 2
+	var cur uint64
+	for _, e := range s.mu.ckptExts {
+		cur += e.Len
+	}
+	if need > cur {
+		need += need - cur
+	}
+	return need
 }
 
 // rmwBlock rewrites the mapped virtual block v with fn applied to its

@@ -175,11 +175,13 @@ func signalReady(e *env, fd int) {
 
 // prepareMountpoint creates the mount point if missing, and clears dead
 // mounts left by a daemon that was killed. statfs, unlike stat, is never
-// answered from the kernel's attribute cache, so it finds them: ENOTCONN.
+// answered from the kernel's attribute cache, so it finds them: ENOTCONN,
+// or ECONNABORTED when the kernel aborted the connection while the statfs
+// was waiting (the daemon's last thread was still exiting).
 func prepareMountpoint(e *env, mnt string) error {
 	for {
 		var sfs unix.Statfs_t
-		if err := unix.Statfs(mnt, &sfs); !errors.Is(err, unix.ENOTCONN) {
+		if err := unix.Statfs(mnt, &sfs); !errors.Is(err, unix.ENOTCONN) && !errors.Is(err, unix.ECONNABORTED) {
 			break
 		}
 		e.log.WithField("mountpoint", mnt).Warn("a dead mount is left there (its daemon was killed); detaching it")
