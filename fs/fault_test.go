@@ -81,7 +81,7 @@ func nthOf(k backend.OpKind, n int, where func(backend.Op) bool) func(backend.Op
 }
 
 // newFaultCase mounts a store on a Crash of size bytes with a 16 KiB
-// journal (so that the fifth commit in a row is a checkpoint), no commit
+// journal (so that the fourth commit in a row is a checkpoint), no commit
 // timer, and the fault switch installed.
 func newFaultCase(t *testing.T, size int64) (*testCase, *backend.Crash, *faultSwitch) {
 	t.Helper()
@@ -327,11 +327,11 @@ func TestFailedFsyncPoisons(t *testing.T) {
 				t.Fatal(err)
 			}
 			if k.checkpoint {
-				// Commit until the journal has no room for one more
-				// page: the next commit is a checkpoint.
+				// Commit until one more page would pass three quarters
+				// of the journal: the next commit is a checkpoint.
 				for i := 0; ; i++ {
 					info := tc.store.Info()
-					if info.JournalUsed+4096 > info.JournalBytes {
+					if info.JournalUsed+4096 > info.JournalBytes*3/4 {
 						break
 					}
 					if i > 100 {

@@ -28,8 +28,10 @@ func (s *Store) Commit() error {
 	return s.commitLocked(want, wantWrites)
 }
 
-// commitLocked writes one journal commit with every pending record (or a
-// checkpoint when the journal is full). Order: flush the data the records
+// commitLocked writes one journal commit with every pending record, or a
+// checkpoint when the journal is three quarters full (the last quarter is
+// kept for commits that must go through while a full store has no room
+// for a checkpoint). Order: flush the data the records
 // point to, write the commit, flush it, then release the blocks the
 // records freed. Caller holds commitMu.
 func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
@@ -57,9 +59,26 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 	if s.mu.pendCount > 0 {
 		size = (commitHeaderLen + int64(len(s.mu.pending)) + pageSize - 1) / pageSize * pageSize
 	}
-	if s.jOff+size > s.journalLen {
+	if s.jOff+size > s.journalLen*3/4 {
 		s.mu.Unlock()
-		return s.checkpointLocked()
+		err := s.checkpointLocked()
+		if !errors.Is(err, ErrNoSpace) {
+			return err
+		}
+		// No room for a checkpoint: the store is full and its metadata grew
+		// (punches split extents, disks were created). The last quarter of
+		// the journal is kept for this: commit there, so the blocks this
+		// batch frees come out of quarantine and the next checkpoint fits.
+		s.mu.Lock()
+		size = (commitHeaderLen + int64(len(s.mu.pending)) + pageSize - 1) / pageSize * pageSize
+		if s.mu.pendCount == 0 {
+			size = 0
+		}
+		if s.jOff+size > s.journalLen {
+			s.mu.Unlock()
+			return err
+		}
+		s.log.WithError(err).Warn("no space for a checkpoint; committing to the journal's reserve")
 	}
 	batch, count, rec := s.mu.pending, s.mu.pendCount, s.mu.recGen
 	q := s.mu.quarantine

@@ -413,7 +413,16 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	var err error
 	if !s.opts.ReadOnly && failed == nil {
-		if err = s.checkpointLocked(); err == nil {
+		if err = s.checkpointLocked(); errors.Is(err, ErrNoSpace) {
+			// A full store whose metadata grew: commit through the
+			// journal instead; the next open replays it.
+			s.log.WithError(err).Warn("no space for a checkpoint at close; committing to the journal")
+			s.mu.Lock()
+			want := s.mu.recGen
+			s.mu.Unlock()
+			err = s.commitLocked(want, s.writeGen.Load())
+		}
+		if err == nil {
 			sb := s.sb
 			sb.Generation++
 			sb.State, sb.OwnerPID, sb.OpenedNano, sb.Program = stateClean, 0, 0, ""
