@@ -1,0 +1,58 @@
+// Command compare measures a vdiskfs disk against a plain file served by a
+// go-fuse pass-through with the same FUSE settings, on the same backing,
+// with the same fio jobs, alternating the targets round after round so
+// that drift of the machine hits both alike.
+//
+// Usage (as root, fio installed):
+//
+//	go run ./tools/compare                                # default workloads, 3 rounds
+//	go run ./tools/compare --targets all \
+//	    --json docs/benchmarks.json --markdown /tmp/table.md --chart docs/benchmarks.png
+//	go run ./tools/compare --mount /mnt/vdisks --scratch /var/tmp/cmp
+//	go run ./tools/compare --from-json bench.json --chart bench.svg
+//
+// # Targets
+//
+//   - vdiskfs: by default a store formatted in the scratch directory (or
+//     --store PATH), opened and mounted by this process with fs.Mount, so
+//     its counters (image.Store.Counters) are read directly. With --mount
+//     MNT, a disk in an existing vdiskfs mount instead; its counters then
+//     come from `vdisk stats --json MNT` when that works (else n/a), its CPU
+//     from the daemon's pid (the one vdisk stats reports, or --server-pid).
+//   - passthrough: a plain file in the scratch directory, served by package
+//     passthrough (one pread/pwrite per FUSE request, same mount options and
+//     open flags as vdiskfs). The baseline of every ratio.
+//   - raw: fio on a plain file in the scratch directory, no FUSE at all.
+//   - qsd-qcow2: a qcow2 image in the scratch directory exported through
+//     qemu-storage-daemon's FUSE export (cache.direct=on, aio=native): what
+//     users would pick instead of vdiskfs.
+//
+// The scratch directory must be on the same backing as the store (it is by
+// default) and not on tmpfs.
+//
+// # Workloads
+//
+// The built-in job file (--print-jobs) holds the seeds' workloads; --jobs
+// FILE runs another fio job file, each job section a workload, and
+// --workloads picks some by name. Workloads other than the first write into
+// thin space run on targets written once from end to end (the tool fills
+// them first, unmeasured). After every run the tool fsyncs the target and
+// waits --settle, outside the measured window.
+//
+// # Figures
+//
+// Per workload and target, medians over the rounds (and MB/s min–max):
+// MB/s (10^6 B/s), IOPS, p50 and p99 latency (fio, submission to
+// completion), the average FUSE request size, the server's backend I/O
+// rate and average size, the backing device's I/O rate and average size
+// (/proc/diskstats, shared with every process on the machine), the serving
+// process's CPU seconds per GB served and fio's own, and the ratio of MB/s
+// to the baseline's. Output: a table on stdout, --markdown, --json (every
+// run too; --from-json renders it again) and --chart (PNG or SVG).
+//
+// docs/BENCHMARKS.md has a measured run, the command that made it and the
+// full description of the columns.
+//
+// Exit codes: 0 done; 1 a run or the setup failed; 2 bad usage; 3 a
+// prerequisite (fio, qemu-storage-daemon) is missing.
+package main

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// needMounts skips (fails in CI) a test that needs root, /dev/fuse and fio;
+// as root it installs a missing fio with apt-get, as tools/test.sh does.
+func needMounts(t *testing.T) {
+	t.Helper()
+	missing := func(why string) {
+		t.Helper()
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI: %s", why)
+		}
+		t.Skip(why)
+	}
+	if os.Geteuid() != 0 {
+		missing("needs root for FUSE mounts")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		missing("needs /dev/fuse")
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		cmd := exec.Command("apt-get", "install", "-y", "-qq", "fio")
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Logf("apt-get install fio: %v: %s", err, out)
+		}
+		if _, err := exec.LookPath("fio"); err != nil {
+			missing("needs fio (apt-get install fio)")
+		}
+	}
+}
+
+// TestEndToEnd mounts both targets for real (vdiskfs in process, the
+// pass-through of a plain file) and runs two short workloads: every format
+// comes out, the counters add up, and nothing is left mounted.
+func TestEndToEnd(t *testing.T) {
+	needMounts(t)
+	scratch := t.TempDir()
+	out := t.TempDir()
+	js, md, png := filepath.Join(out, "r.json"), filepath.Join(out, "r.md"), filepath.Join(out, "r.png")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{
+		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "2s", "--ramp", "0s", "--settle", "0s",
+		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32",
+		"--json", js, "--markdown", md, "--chart", png,
+	}, &stdout, &stderr)
+	t.Logf("stderr:\n%s", stderr.String())
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	t.Logf("table:\n%s", stdout.String())
+
+	f, err := os.Open(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := readReport(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 4 {
+		t.Fatalf("%d runs, want 2 workloads × 2 targets", len(rep.Runs))
+	}
+	for _, r := range rep.Runs {
+		if r.MBps <= 0 || r.IOPS <= 0 || r.FioIOs == 0 || r.Req == nil || r.Req.ios() == 0 || r.ServerCPU == nil {
+			t.Errorf("%s on %s: %+v", r.Workload, r.Target, r)
+		}
+		// The file system saw at least what fio counted after the ramp.
+		if r.Req != nil && r.Req.ios() < r.FioIOs {
+			t.Errorf("%s on %s: %d requests < fio's %d I/Os", r.Workload, r.Target, r.Req.ios(), r.FioIOs)
+		}
+	}
+	get := func(w, tg, key string) float64 {
+		for i := range rep.Results {
+			if c := &rep.Results[i]; c.Workload == w && c.Target == tg {
+				return float64(c.get(key).Median)
+			}
+		}
+		t.Fatalf("no cell %s/%s", w, tg)
+		return 0
+	}
+	for _, tg := range []string{targetVdiskfs, targetPassthrough} {
+		if got := get("seq-write-1m-qd16", tg, "fuse_request_kib"); got != 1024 {
+			t.Errorf("%s: FUSE write requests of %v KiB, want 1024 (MaxWrite 1 MiB)", tg, got)
+		}
+		if got := get("rand-read-4k-qd32", tg, "fuse_request_kib"); got != 4 {
+			t.Errorf("%s: FUSE read requests of %v KiB, want 4", tg, got)
+		}
+	}
+	// The seed's figure: a 1 MiB sequential write is one backend I/O.
+	if got := get("seq-write-1m-qd16", targetVdiskfs, "backend_io_kib"); got < 1000 {
+		t.Errorf("vdiskfs backend I/O of %v KiB for 1 MiB sequential writes, want about 1024", got)
+	}
+	if get("seq-write-1m-qd16", targetVdiskfs, "mb_per_s") <= 0 {
+		t.Error("no ratio base")
+	}
+	if b, err := os.ReadFile(md); err != nil || !strings.Contains(string(b), "| seq-write-1m-qd16 | vdiskfs |") {
+		t.Errorf("markdown: %v\n%s", err, b)
+	}
+	if b, err := os.ReadFile(png); err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Errorf("chart: %v", err)
+	}
+	// Nothing left: no mount under the scratch directory, no files in it.
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), scratch) {
+		t.Errorf("mounts left under %s:\n%s", scratch, mi)
+	}
+	if left, _ := os.ReadDir(scratch); len(left) != 0 {
+		t.Errorf("scratch files left: %v", left)
+	}
+}
+
+// The qemu-storage-daemon target starts, serves its export, starts over
+// empty on Reset and leaves no mount. Optional: skipped without QEMU.
+func TestQSDTarget(t *testing.T) {
+	needMounts(t)
+	if _, _, err := findQSD(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	ctx := context.Background()
+	q, err := newQSD(ctx, dir, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	st, err := os.Stat(q.File())
+	if err != nil || st.Size() != 64<<20 || !mounted(q.File()) {
+		t.Fatalf("export: %v, %v, mounted %v", st, err, mounted(q.File()))
+	}
+	if err := os.WriteFile(q.File(), bytes.Repeat([]byte{7}, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	if s := q.Sample(); !s.HasCPU {
+		t.Error("no daemon CPU")
+	}
+	if err := q.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4096)
+	f, err := os.Open(q.File())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.ReadAt(b, 0)
+	f.Close()
+	if err != nil || !bytes.Equal(b, make([]byte, 4096)) {
+		t.Errorf("after Reset the export is not empty: %v", err)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(q.File()) {
+		t.Error("export still mounted after Close")
+	}
+}

@@ -1,0 +1,205 @@
+// Package fio drives fio for the compare tool: it splits a job file into
+// workloads (one per job section), runs one workload on one file with
+// --output-format=json, and reads the result.
+//
+// # Job files
+//
+// A job file is fio's own INI format. Every section other than [global] is
+// one workload, named after the section; it runs alone, with every [global]
+// section that comes before it. The tool adds a first [global] section that
+// sets filename= to the target's file, so job files must not set filename
+// or directory. Before the text goes to fio, ${COMPARE_RUNTIME} and
+// ${COMPARE_RAMP} (and any other ${COMPARE_*} variable the caller passes)
+// are replaced; other ${VAR}s are left to fio's own environment expansion.
+//
+// A comment line "; compare: fresh" (or "# compare: fresh") inside a section
+// asks for a target that is empty and thin when the workload starts (the
+// first write into thin space); "; compare: note TEXT" attaches a
+// description.
+//
+// # Results
+//
+// Parse reads fio's JSON output (fio 3.x), skipping any text fio printed
+// before it; Result.Summary adds up every job and direction into one
+// figure per run.
+package fio
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+)
+
+// Job is one workload: a fio job section with the globals before it.
+type Job struct {
+	Name  string // the section name
+	Text  string // fio job text (globals, then the one job section), without filename
+	Fresh bool   // the target must start empty and thin
+	Note  string // free text from "; compare: note ..."
+}
+
+// validName restricts workload names to what reads well in a table and is
+// safe as a fio job name and a file name.
+var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)
+
+// ParseJobs splits a job file into workloads, in file order.
+func ParseJobs(r io.Reader) ([]Job, error) {
+	type section struct {
+		name  string
+		lines []string
+	}
+	var (
+		sections []*section
+		cur      *section
+	)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	lineNo := 0
+	for sc.Scan() {
+		lineNo++
+		line := sc.Text()
+		trim := strings.TrimSpace(line)
+		if strings.HasPrefix(trim, "[") {
+			end := strings.Index(trim, "]")
+			if end < 0 {
+				return nil, fmt.Errorf("fio job file line %d: unterminated section name %q", lineNo, trim)
+			}
+			cur = &section{name: strings.TrimSpace(trim[1:end])}
+			sections = append(sections, cur)
+			continue
+		}
+		if cur == nil {
+			if trim != "" && !isComment(trim) {
+				return nil, fmt.Errorf("fio job file line %d: option %q outside a section", lineNo, trim)
+			}
+			continue
+		}
+		cur.lines = append(cur.lines, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	var (
+		globals []string
+		jobs    []Job
+		seen    = map[string]bool{}
+	)
+	for _, s := range sections {
+		if s.name == "global" {
+			for _, l := range s.lines {
+				if k := optionName(l); k == "filename" || k == "directory" || k == "filename_format" {
+					return nil, fmt.Errorf("fio job file: a [global] section sets %s; the compare tool chooses the file", k)
+				}
+			}
+			globals = append(globals, "[global]")
+			globals = append(globals, s.lines...)
+			continue
+		}
+		if !validName.MatchString(s.name) {
+			return nil, fmt.Errorf("fio job file: job name %q: use letters, digits, '.', '_', '+' and '-'", s.name)
+		}
+		if seen[s.name] {
+			return nil, fmt.Errorf("fio job file: job %q appears twice", s.name)
+		}
+		seen[s.name] = true
+		j := Job{Name: s.name}
+		for _, l := range s.lines {
+			key, val, ok := directive(l)
+			if !ok {
+				if k := optionName(l); k == "filename" || k == "directory" || k == "filename_format" {
+					return nil, fmt.Errorf("fio job file: job %q sets %s; the compare tool chooses the file", s.name, k)
+				}
+				continue
+			}
+			switch key {
+			case "fresh":
+				j.Fresh = true
+			case "note":
+				j.Note = val
+			default:
+				return nil, fmt.Errorf("fio job file: job %q: unknown directive \"compare: %s\"", s.name, key)
+			}
+		}
+		var b strings.Builder
+		for _, l := range globals {
+			b.WriteString(l)
+			b.WriteByte('\n')
+		}
+		b.WriteString("[" + s.name + "]\n")
+		for _, l := range s.lines {
+			b.WriteString(l)
+			b.WriteByte('\n')
+		}
+		j.Text = b.String()
+		jobs = append(jobs, j)
+	}
+	if len(jobs) == 0 {
+		return nil, fmt.Errorf("fio job file: no job sections")
+	}
+	return jobs, nil
+}
+
+// ParseJobFile reads a job file from disk.
+func ParseJobFile(path string) ([]Job, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	jobs, err := ParseJobs(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return jobs, nil
+}
+
+func isComment(trim string) bool {
+	return strings.HasPrefix(trim, ";") || strings.HasPrefix(trim, "#")
+}
+
+// directive recognises "; compare: KEY [VALUE]".
+func directive(line string) (key, val string, ok bool) {
+	trim := strings.TrimSpace(line)
+	if !isComment(trim) {
+		return "", "", false
+	}
+	rest := strings.TrimSpace(trim[1:])
+	if !strings.HasPrefix(rest, "compare:") {
+		return "", "", false
+	}
+	rest = strings.TrimSpace(strings.TrimPrefix(rest, "compare:"))
+	key, val, _ = strings.Cut(rest, " ")
+	return key, strings.TrimSpace(val), key != ""
+}
+
+// optionName is the option a job line sets, "" for comments and blanks.
+func optionName(line string) string {
+	trim := strings.TrimSpace(line)
+	if trim == "" || isComment(trim) {
+		return ""
+	}
+	k, _, _ := strings.Cut(trim, "=")
+	return strings.TrimSpace(k)
+}
+
+var varRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// Expand replaces ${NAME} for every NAME in vars and leaves everything
+// else (other variables, fio's $ncpus and $mb_memory) for fio.
+func Expand(text string, vars map[string]string) string {
+	return varRef.ReplaceAllStringFunc(text, func(ref string) string {
+		if v, ok := vars[ref[2:len(ref)-1]]; ok {
+			return v
+		}
+		return ref
+	})
+}
+
+// FileText is the job file that runs j on file: a first [global] section
+// naming the file, then j's text with vars expanded.
+func (j Job) FileText(file string, vars map[string]string) string {
+	return "[global]\nfilename=" + file + "\n" + Expand(j.Text, vars)
+}

@@ -1,0 +1,539 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
+)
+
+//go:embed default.fio
+var defaultJobs string
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailed  = 1
+	exitUsage   = 2
+	exitMissing = 3
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options are the parsed flags.
+type options struct {
+	scratch, store, mount, vdisk string
+	serverPID                    int
+	targets, baseline            string
+	rounds                       int
+	runtime, ramp, settle        time.Duration
+	size                         int64
+	jobs, workloads              string
+	printJobs                    bool
+	jsonOut, mdOut, chartOut     string
+	fromJSON                     string
+	fioBin, device               string
+	keep, quiet                  bool
+	cpuProfile                   string
+	commitInterval               time.Duration
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.scratch, "scratch", "", "scratch directory on the backing under test (default: a new directory in /var/tmp)")
+	fs.StringVar(&o.store, "store", "", "vdiskfs store to use (formatted if it does not exist; default: a new one in the scratch directory)")
+	fs.StringVar(&o.mount, "mount", "", "use this existing vdiskfs mount instead of mounting a store")
+	fs.StringVar(&o.vdisk, "vdisk", "vdisk", "vdisk binary, for the counters of a --mount (runs: vdisk stats --json MNT)")
+	fs.IntVar(&o.serverPID, "server-pid", 0, "pid of the vdiskfs daemon behind --mount, for its CPU time")
+	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, passthrough, raw, qsd-qcow2 (or qsd); \"all\" for every one")
+	fs.StringVar(&o.baseline, "baseline", targetPassthrough, "target the ratios are taken against")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every workload on every target, the target order alternating")
+	fs.DurationVar(&o.runtime, "runtime", 15*time.Second, "measured time of each run (fio runtime)")
+	fs.DurationVar(&o.ramp, "ramp", 2*time.Second, "unmeasured start of each run (fio ramp_time)")
+	fs.DurationVar(&o.settle, "settle", time.Second, "pause after each run's fsync, before the next run")
+	size := fs.String("size", "2G", "size of the disk and of each file (K, M, G, T: powers of 1024)")
+	fs.StringVar(&o.jobs, "jobs", "", "fio job file (default: the built-in one, see --print-jobs)")
+	fs.StringVar(&o.workloads, "workloads", "", "comma-separated workload names to run (default: all of the job file)")
+	fs.BoolVar(&o.printJobs, "print-jobs", false, "print the built-in job file and exit")
+	fs.StringVar(&o.jsonOut, "json", "", "write the full report (every run) as JSON to this file (- for stdout)")
+	fs.StringVar(&o.mdOut, "markdown", "", "write the table as markdown to this file (- for stdout)")
+	fs.StringVar(&o.chartOut, "chart", "", "draw a chart to this .png or .svg file")
+	fs.StringVar(&o.fromJSON, "from-json", "", "render a report written by --json instead of measuring")
+	fs.StringVar(&o.fioBin, "fio", "fio", "fio binary")
+	fs.StringVar(&o.device, "device", "", "block device for the device columns (default: the one holding the scratch directory)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the scratch files")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
+	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: compare [flags]\n\nRuns the same fio workloads on a vdiskfs disk and on a go-fuse pass-through of a plain file\n(same FUSE settings, same backing), round after round, and reports medians and ratios.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	var err error
+	if o.size, err = parseSize(*size); err != nil {
+		return nil, fmt.Errorf("--size: %w", err)
+	}
+	if o.size < 16<<20 || o.size%(1<<20) != 0 {
+		return nil, fmt.Errorf("--size: %d: use a multiple of 1 MiB, at least 16 MiB", o.size)
+	}
+	if o.rounds < 1 {
+		return nil, fmt.Errorf("--rounds: at least 1")
+	}
+	if o.runtime < time.Second || o.runtime%time.Second != 0 || o.ramp < 0 || o.ramp%time.Second != 0 {
+		return nil, fmt.Errorf("--runtime and --ramp: whole seconds (runtime at least 1s)")
+	}
+	if o.store != "" && o.mount != "" {
+		return nil, fmt.Errorf("--store and --mount exclude each other")
+	}
+	return o, nil
+}
+
+// parseSize reads 2G, 512M, 1073741824.
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(strings.TrimSuffix(strings.TrimSuffix(s, "iB"), "B"))
+	mult := int64(1)
+	if n := len(s); n > 0 {
+		if i := strings.IndexByte("KMGT", s[n-1]&^0x20); i >= 0 {
+			mult = int64(1) << (10 * (i + 1))
+			s = s[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || v > math.MaxInt64/mult {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return v * mult, nil
+}
+
+// allTargets is the order targets appear in, whatever order --targets
+// names them in.
+var allTargets = []string{targetVdiskfs, targetPassthrough, targetRaw, targetQSD}
+
+func parseTargets(s string) ([]string, error) {
+	if s == "all" {
+		return slices.Clone(allTargets), nil
+	}
+	want := map[string]bool{}
+	for _, t := range strings.Split(s, ",") {
+		t = strings.TrimSpace(t)
+		if t == "qsd" {
+			t = targetQSD
+		}
+		if !slices.Contains(allTargets, t) {
+			return nil, fmt.Errorf("--targets: unknown target %q (have %s)", t, strings.Join(allTargets, ", "))
+		}
+		want[t] = true
+	}
+	var out []string
+	for _, t := range allTargets {
+		if want[t] {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+// loadJobs reads the job file (or the built-in one) and keeps the
+// workloads asked for.
+func loadJobs(o *options) ([]fio.Job, error) {
+	var (
+		jobs []fio.Job
+		err  error
+	)
+	if o.jobs == "" {
+		jobs, err = fio.ParseJobs(strings.NewReader(defaultJobs))
+	} else {
+		jobs, err = fio.ParseJobFile(o.jobs)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.workloads == "" {
+		return jobs, nil
+	}
+	var out []fio.Job
+	for _, name := range strings.Split(o.workloads, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(jobs, func(j fio.Job) bool { return j.Name == name })
+		if i < 0 {
+			var have []string
+			for _, j := range jobs {
+				have = append(have, j.Name)
+			}
+			return nil, fmt.Errorf("--workloads: no workload %q (have %s)", name, strings.Join(have, ", "))
+		}
+		out = append(out, jobs[i])
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "compare: %v\n", err)
+		return exitUsage
+	}
+	if o.printJobs {
+		io.WriteString(stdout, defaultJobs)
+		return exitOK
+	}
+	if o.fromJSON != "" {
+		f, err := os.Open(o.fromJSON)
+		if err != nil {
+			fmt.Fprintf(stderr, "compare: %v\n", err)
+			return exitFailed
+		}
+		rep, err := readReport(f)
+		f.Close()
+		if err != nil {
+			fmt.Fprintf(stderr, "compare: %s: %v\n", o.fromJSON, err)
+			return exitFailed
+		}
+		if err := writeOutputs(rep, o, stdout); err != nil {
+			fmt.Fprintf(stderr, "compare: %v\n", err)
+			return exitFailed
+		}
+		return exitOK
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "compare: %v\n", err)
+			return exitFailed
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "compare: %v\n", err)
+			return exitFailed
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := measure(ctx, o, stderr)
+	if rep != nil && len(rep.Runs) > 0 {
+		if werr := writeOutputs(rep, o, stdout); werr != nil {
+			fmt.Fprintf(stderr, "compare: %v\n", werr)
+			if err == nil {
+				return exitFailed
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "compare: %v\n", err)
+		if errors.Is(err, fio.ErrNotInstalled) || errors.Is(err, errMissing) {
+			return exitMissing
+		}
+		return exitFailed
+	}
+	return exitOK
+}
+
+// errMissing marks a missing prerequisite other than fio.
+var errMissing = errors.New("missing prerequisite")
+
+// measure sets the targets up, runs the rounds and tears everything down.
+// The report holds every run made, also when it returns an error.
+func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, err error) {
+	targetNames, err := parseTargets(o.targets)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(targetNames, o.baseline) {
+		return nil, fmt.Errorf("--baseline %s is not among --targets %s", o.baseline, strings.Join(targetNames, ","))
+	}
+	jobs, err := loadJobs(o)
+	if err != nil {
+		return nil, err
+	}
+	fioBin, err := fio.Find(o.fioBin)
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(targetNames, targetQSD) {
+		if _, _, err := findQSD(); err != nil {
+			return nil, fmt.Errorf("%w: %v", errMissing, err)
+		}
+	}
+
+	// The scratch directory.
+	scratch := o.scratch
+	ownScratch := false
+	if scratch == "" {
+		if scratch, err = os.MkdirTemp("/var/tmp", "vdiskfs-compare-"); err != nil {
+			return nil, err
+		}
+		ownScratch = true
+	} else if err := os.MkdirAll(scratch, 0o755); err != nil {
+		return nil, err
+	}
+	if scratch, err = filepath.Abs(scratch); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(scratch, "run-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if o.keep {
+			fmt.Fprintf(stderr, "compare: scratch files kept in %s\n", work)
+			return
+		}
+		_ = os.RemoveAll(work)
+		if ownScratch {
+			_ = os.Remove(scratch)
+		}
+	}()
+	if t := fsTypeOf(work); t == "tmpfs" || t == "fuse" || t == "overlayfs" {
+		fmt.Fprintf(stderr, "compare: warning: the scratch directory is on %s: the numbers will not say much about a disk backing\n", t)
+	}
+	if err := checkSpace(work, o.size, targetNames, o.store == "" && o.mount == ""); err != nil {
+		return nil, err
+	}
+
+	var dev *blockDevice
+	if d, derr := deviceOf(work, o.device, "/proc/diskstats"); derr == nil {
+		dev = d
+	} else {
+		fmt.Fprintf(stderr, "compare: no device columns: %v\n", derr)
+	}
+
+	log := io.Writer(stderr)
+	if o.quiet {
+		log = nil
+	}
+	logger := quietLogger(stderr)
+
+	// The targets, in allTargets order.
+	var targets []target
+	defer func() {
+		for i := len(targets) - 1; i >= 0; i-- {
+			if cerr := targets[i].Close(); cerr != nil {
+				fmt.Fprintf(stderr, "compare: closing %s: %v\n", targets[i].Name(), cerr)
+			}
+		}
+	}()
+	vdiskfsSrc := ""
+	for _, name := range targetNames {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		var (
+			t   target
+			err error
+		)
+		switch name {
+		case targetVdiskfs:
+			if o.mount != "" {
+				vdisk := ""
+				if p, lerr := lookPath(o.vdisk); lerr == nil {
+					vdisk = p
+				} else {
+					fmt.Fprintf(stderr, "compare: %s not found: vdiskfs request and backend columns are n/a\n", o.vdisk)
+				}
+				vdiskfsSrc = "mount " + o.mount
+				t, err = newVdiskfsMount(o.mount, o.size, vdisk, o.serverPID)
+			} else {
+				storePath, own := o.store, false
+				if storePath == "" {
+					storePath, own = filepath.Join(work, "vdiskfs.store"), true
+				}
+				vdiskfsSrc = "in-process fs.Mount of " + storePath
+				t, err = newVdiskfsLocal(storePath, filepath.Join(work, "mnt-vdiskfs"), o.size, own, o.commitInterval, logger)
+			}
+		case targetPassthrough:
+			t, err = newPassthrough(filepath.Join(work, "passthrough.img"), filepath.Join(work, "mnt-passthrough"), o.size)
+		case targetRaw:
+			t, err = newRaw(filepath.Join(work, "raw.img"), o.size)
+		case targetQSD:
+			t, err = newQSD(ctx, work, o.size)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("setting up %s: %w%s", name, err, mountHint(err))
+		}
+		targets = append(targets, t)
+	}
+
+	vars := map[string]string{
+		"COMPARE_RUNTIME": strconv.Itoa(int(o.runtime / time.Second)),
+		"COMPARE_RAMP":    strconv.Itoa(int(o.ramp / time.Second)),
+	}
+	b := &bench{
+		cfg: benchConfig{
+			Rounds: o.rounds, Runtime: o.runtime, Ramp: o.ramp, Settle: o.settle,
+			Size: o.size, Jobs: jobs, Baseline: o.baseline,
+		},
+		targets: targets,
+		runner:  &fio.Runner{Bin: fioBin, Dir: work, Var: vars},
+		device:  dev,
+		log:     log,
+	}
+	rep = &report{
+		Tool:     "vdiskfs compare",
+		Command:  commandLine(),
+		Started:  time.Now().UTC().Truncate(time.Second),
+		Machine:  newMachineInfo(fio.Version(fioBin), work),
+		Targets:  targetNames,
+		Baseline: o.baseline,
+		Config: configInfo{
+			Rounds: o.rounds, RuntimeSec: o.runtime.Seconds(), RampSec: o.ramp.Seconds(), SettleSec: o.settle.Seconds(),
+			SizeBytes: o.size, Scratch: scratch, Jobs: jobsName(o.jobs), VdiskfsSrc: vdiskfsSrc,
+		},
+	}
+	if o.commitInterval != 0 {
+		rep.Config.CommitInterval = o.commitInterval.String()
+	}
+	if dev != nil {
+		rep.Config.Device = fmt.Sprintf("%s (%d:%d)", dev.Name, dev.Major, dev.Minor)
+	}
+	for _, j := range jobs {
+		rep.Workloads = append(rep.Workloads, workloadInfo{Name: j.Name, Note: j.Note, Fresh: j.Fresh})
+	}
+	if log != nil {
+		fmt.Fprintf(log, "compare: %d workload(s) × %d target(s) × %d round(s), %s + %s ramp each, in %s\n",
+			len(jobs), len(targets), o.rounds, o.runtime, o.ramp, work)
+	}
+	runs, err := b.run(ctx)
+	rep.Runs = runs
+	rep.Finished = time.Now().UTC().Truncate(time.Second)
+	rep.Machine.LoadAfter = loadAvg()
+	rep.Results = aggregate(runs, rep.workloadNames(), targetNames, o.baseline)
+	return rep, err
+}
+
+func lookPath(bin string) (string, error) {
+	if strings.Contains(bin, "/") {
+		if _, err := os.Stat(bin); err != nil {
+			return "", err
+		}
+		return bin, nil
+	}
+	return execLookPath(bin)
+}
+
+// mountHint adds advice to a mount failure.
+func mountHint(err error) string {
+	if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.EPERM) || os.Geteuid() != 0 {
+		return " (FUSE mounts need root or fusermount3, and /dev/fuse)"
+	}
+	if _, serr := os.Stat("/dev/fuse"); serr != nil {
+		return " (/dev/fuse is missing: modprobe fuse)"
+	}
+	return ""
+}
+
+func jobsName(path string) string {
+	if path == "" {
+		return "built-in (--print-jobs)"
+	}
+	return path
+}
+
+// commandLine is how the tool was started, quoted for a shell.
+func commandLine() string {
+	parts := []string{"compare"}
+	for _, a := range os.Args[1:] {
+		if strings.ContainsAny(a, " \t'\"$\\") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}
+
+// checkSpace makes sure the scratch file system can hold every file fully
+// written, with a margin.
+func checkSpace(dir string, size int64, targets []string, ownStore bool) error {
+	need := int64(0)
+	for _, t := range targets {
+		switch t {
+		case targetVdiskfs:
+			if ownStore {
+				need += size + size/16 + 128<<20
+			}
+		case targetQSD:
+			need += size + size/16
+		default:
+			need += size
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return err
+	}
+	avail := int64(st.Bavail) * st.Bsize
+	if avail < need+need/10 {
+		return fmt.Errorf("%s has %s free, the targets need about %s: use a smaller --size or another --scratch",
+			dir, fmtSize(avail&^(1<<20-1)), fmtSize((need+need/10)&^(1<<20-1)))
+	}
+	return nil
+}
+
+// writeOutputs writes the table and whatever formats were asked for.
+func writeOutputs(rep *report, o *options, stdout io.Writer) error {
+	toStdout := o.jsonOut == "-" || o.mdOut == "-"
+	if !toStdout {
+		if err := rep.writeTable(stdout); err != nil {
+			return err
+		}
+	}
+	write := func(path string, fn func(io.Writer) error) error {
+		if path == "" {
+			return nil
+		}
+		if path == "-" {
+			return fn(stdout)
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		err = fn(f)
+		return errors.Join(err, f.Close())
+	}
+	if err := write(o.jsonOut, rep.writeJSON); err != nil {
+		return fmt.Errorf("--json: %w", err)
+	}
+	if err := write(o.mdOut, rep.writeMarkdown); err != nil {
+		return fmt.Errorf("--markdown: %w", err)
+	}
+	if o.chartOut != "" {
+		if err := rep.writeChart(o.chartOut); err != nil {
+			return fmt.Errorf("--chart: %w", err)
+		}
+	}
+	return nil
+}
+
+var execLookPath = exec.LookPath
