@@ -316,7 +316,7 @@ func ensureDefaultStore(e *env, size int64) (string, error) {
 	if err := image.FormatPath(path, size, image.FormatOptions{}); err != nil {
 		return "", fmt.Errorf("create the default store: %w", err)
 	}
-	e.log.WithFields(logrus.Fields{"store": path, "size": formatSize(size)}).Warn("created the default store")
+	e.log.WithFields(logrus.Fields{"store": path, "size": formatSize(size)}).Info("created the default store")
 	fmt.Fprintf(e.stderr, "created the default store %s (%s, sparse)\n", path, formatSize(size))
 	return path, nil
 }
