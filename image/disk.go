@@ -790,44 +790,39 @@ func (h *Disk) Sync() error {
 // SeekData returns the first offset >= off that holds data (SEEK_DATA);
 // ErrNoData when there is none before the end of the disk.
 func (h *Disk) SeekData(off int64) (int64, error) {
-	if err := h.live(); err != nil {
-		return 0, err
-	}
-	d := h.d
-	bs := int64(d.s.bs)
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if off < 0 {
-		return 0, fmt.Errorf("seek data at %d: %w", off, ErrInvalid)
-	}
-	if off >= d.attr.Size {
-		return 0, ErrNoData
-	}
-	v, ok := d.m.NextData(uint64(off / bs))
-	if !ok || int64(v) >= (d.attr.Size+bs-1)/bs {
-		return 0, ErrNoData
-	}
-	return max(off, int64(v)*bs), nil
+	return h.seek("seek data", off, func(d *disk, bs int64) (int64, error) {
+		v, ok := d.m.NextData(uint64(off / bs))
+		if !ok || int64(v) >= (d.attr.Size+bs-1)/bs {
+			return 0, ErrNoData
+		}
+		return max(off, int64(v)*bs), nil
+	})
 }
 
 // SeekHole returns the first offset >= off in a hole (SEEK_HOLE); the end
 // of the disk counts as a hole. ErrNoData (ENXIO) when off is past the end.
 func (h *Disk) SeekHole(off int64) (int64, error) {
+	return h.seek("seek hole", off, func(d *disk, bs int64) (int64, error) {
+		v := d.m.NextHole(uint64(off / bs))
+		return min(max(off, int64(v)*bs), d.attr.Size), nil
+	})
+}
+
+// seek runs find under the disk's read lock for an offset inside the disk.
+func (h *Disk) seek(what string, off int64, find func(d *disk, bs int64) (int64, error)) (int64, error) {
 	if err := h.live(); err != nil {
 		return 0, err
 	}
 	d := h.d
-	bs := int64(d.s.bs)
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if off < 0 {
-		return 0, fmt.Errorf("seek hole at %d: %w", off, ErrInvalid)
+		return 0, fmt.Errorf("%s at %d: %w", what, off, ErrInvalid)
 	}
 	if off >= d.attr.Size {
 		return 0, ErrNoData
 	}
-	v := d.m.NextHole(uint64(off / bs))
-	return min(max(off, int64(v)*bs), d.attr.Size), nil
+	return find(d, int64(d.s.bs))
 }
 
 // AttrChange lists attribute changes; nil fields stay as they are.

@@ -563,22 +563,11 @@ func (s *Store) newDisk(id uint64, name string, attr diskAttr) *disk {
 func (s *Store) Remove(name string) error {
 	s.cut.RLock()
 	defer s.cut.RUnlock()
-	s.mu.Lock()
-	d, ok := s.mu.names[name]
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("remove disk %q: %w", name, ErrNotExist)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLocked(); err != nil {
+	d, unlock, err := s.lockNamed(name)
+	if err != nil {
 		return fmt.Errorf("remove disk %q: %w", name, err)
 	}
-	if s.mu.names[name] != d {
-		return fmt.Errorf("remove disk %q: %w", name, ErrNotExist) // renamed or removed meanwhile
-	}
+	defer unlock()
 	if d.opens > 0 {
 		d.orphan = true
 		delete(s.mu.names, name)
@@ -587,6 +576,34 @@ func (s *Store) Remove(name string) error {
 	}
 	s.deleteDiskLocked(d)
 	return nil
+}
+
+// lockNamed finds the disk called name and locks it and the store, in the
+// lock order (d.mu, then s.mu), checking once both are held that the disk
+// still has that name (a rename in between makes it look again). It fails
+// when there is no such disk or the store takes no changes. Caller holds
+// s.cut shared, and calls unlock when done.
+func (s *Store) lockNamed(name string) (d *disk, unlock func(), err error) {
+	for {
+		s.mu.Lock()
+		d, ok := s.mu.names[name]
+		s.mu.Unlock()
+		if !ok {
+			return nil, nil, ErrNotExist
+		}
+		d.mu.Lock()
+		s.mu.Lock()
+		if s.mu.names[name] == d {
+			if err := s.usableLocked(); err != nil {
+				s.mu.Unlock()
+				d.mu.Unlock()
+				return nil, nil, err
+			}
+			return d, func() { s.mu.Unlock(); d.mu.Unlock() }, nil
+		}
+		s.mu.Unlock()
+		d.mu.Unlock()
+	}
 }
 
 // deleteDiskLocked frees every block of d and forgets it. Caller holds
@@ -648,19 +665,11 @@ func (s *Store) Rename(oldName, newName string) error {
 	}
 	s.cut.RLock()
 	defer s.cut.RUnlock()
-	s.mu.Lock()
-	d, ok := s.mu.names[oldName]
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("rename %q: %w", oldName, ErrNotExist)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLocked(); err != nil {
+	d, unlock, err := s.lockNamed(oldName)
+	if err != nil {
 		return fmt.Errorf("rename %q: %w", oldName, err)
 	}
+	defer unlock()
 	if _, taken := s.mu.names[newName]; taken {
 		return fmt.Errorf("rename %q: %q: %w", oldName, newName, ErrExist)
 	}
