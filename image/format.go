@@ -490,7 +490,7 @@ func (r *record) validate() error {
 }
 
 // ValidateName reports whether name can be a disk name: 1 to MaxNameLen
-// bytes of UTF-8, no '/', no NUL, not "." or "..".
+// bytes of UTF-8, no '/', no NUL or other control character, not "." or "..".
 func ValidateName(name string) error {
 	switch {
 	case name == "":
@@ -503,8 +503,10 @@ func ValidateName(name string) error {
 		return fmt.Errorf("name %q is not UTF-8: %w", name, ErrInvalidName)
 	}
 	for i := 0; i < len(name); i++ {
-		if name[i] == '/' || name[i] == 0 {
-			return fmt.Errorf("name %q contains %q: %w", name, name[i], ErrInvalidName)
+		// '/' and NUL cannot be in a file name; control characters could,
+		// but would garble every listing and log line that shows the name.
+		if c := name[i]; c == '/' || c < 0x20 || c == 0x7f {
+			return fmt.Errorf("name %q contains %q: %w", name, c, ErrInvalidName)
 		}
 	}
 	return nil

@@ -254,6 +254,9 @@ func orUnknown(s string) string {
 // readSuperblocks reads both copies and returns the valid one with the
 // highest generation, plus findings about the other copy.
 func readSuperblocks(be backend.Backend) (*superblock, []Finding, error) {
+	if be.Size() < 2*pageSize {
+		return nil, nil, fmt.Errorf("%s is %d bytes, too small to hold a store's superblocks: %w", be.Describe(), be.Size(), ErrNotStore)
+	}
 	buf := make([]byte, 2*pageSize+pageSize)
 	page := alignedPage(buf, 2*pageSize)
 	if _, err := be.ReadAt(page, superAOffset); err != nil {
@@ -263,6 +266,12 @@ func readSuperblocks(be backend.Backend) (*superblock, []Finding, error) {
 	b, errB := decodeSuperblock(page[pageSize:])
 	var findings []Finding
 	switch {
+	case errors.Is(errA, ErrVersion):
+		// A newer vdisk wrote this copy (an upgrade that crashed between
+		// the copies, say): this build must not touch the store.
+		return nil, nil, fmt.Errorf("superblock copy A: %w", errA)
+	case errors.Is(errB, ErrVersion):
+		return nil, nil, fmt.Errorf("superblock copy B: %w", errB)
 	case errA != nil && errB != nil:
 		return nil, nil, errA
 	case errA != nil:

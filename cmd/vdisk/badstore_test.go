@@ -69,7 +69,7 @@ func TestBadStoreFiles(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "empty.img")
 			writeFile(t, path, nil)
 			return path
-		}, exitFailure, []string{"read superblocks", "outside the 0-byte backing"}},
+		}, exitFailure, []string{"0 bytes, too small to hold a store"}},
 		{"truncated store", func(t *testing.T) string {
 			path := store(t)
 			if err := os.Truncate(path, 4<<20); err != nil {
