@@ -9,8 +9,8 @@ import (
 
 // Checkpoint writes the whole state (catalog, every map, the free map) to
 // newly allocated blocks, points both superblocks at it and empties the
-// journal. It bounds replay time and is taken when the journal fills and at
-// Close.
+// journal. It bounds replay time and is taken when the journal is three
+// quarters full and at Close.
 func (s *Store) Checkpoint() error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
