@@ -228,15 +228,7 @@ func (tc *testCase) check(when string) {
 // remount unmounts, checks and closes the store, reopens and remounts it.
 func (tc *testCase) remount() {
 	tc.t.Helper()
-	if !tc.unmount() {
-		tc.t.FailNow()
-	}
-	tc.check("before close")
-	err := tc.store.Close()
-	tc.store = nil
-	if err != nil {
-		tc.t.Fatalf("close store: %v", err)
-	}
+	tc.closeStore()
 	tc.openStore()
 	tc.check("after reopen")
 	tc.mount()
