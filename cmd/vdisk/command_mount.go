@@ -112,6 +112,7 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	if err != nil {
 		return err
 	}
+	procs := fs.TuneRuntime() // before Mount: go-fuse sizes its readers from it
 	srv, err := fs.Mount(s, mnt, fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log})
 	if err != nil {
 		s.Close()
@@ -136,7 +137,7 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		srv.Wait()
 		close(unmounted)
 	}()
-	e.log.WithFields(logrus.Fields{"store": store, "mountpoint": mnt, "pid": os.Getpid()}).Info("serving")
+	e.log.WithFields(logrus.Fields{"store": store, "mountpoint": mnt, "pid": os.Getpid(), "gomaxprocs": procs}).Info("serving")
 	signalReady(e, f.readyFD)
 
 	select {

@@ -18,6 +18,7 @@ type machineInfo struct {
 	MemGiB     float64   `json:"mem_gib"`
 	Fio        string    `json:"fio"`
 	Go         string    `json:"go"`
+	GoMaxProcs int       `json:"gomaxprocs,omitempty"` // of the process serving the in-process targets
 	FsType     string    `json:"scratch_fs"`
 	LoadBefore []float64 `json:"load_before"` // 1, 5, 15 minute load averages
 	LoadAfter  []float64 `json:"load_after"`
@@ -107,6 +108,7 @@ func newMachineInfo(fioVersion, scratch string) machineInfo {
 		MemGiB:     memGiB(),
 		Fio:        fioVersion,
 		Go:         runtime.Version(),
+		GoMaxProcs: runtime.GOMAXPROCS(0),
 		FsType:     fsTypeOf(scratch),
 		LoadBefore: loadAvg(),
 	}

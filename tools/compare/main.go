@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	vfs "github.com/vdiskfs/vdiskfs/fs"
 	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
 )
 
@@ -37,6 +38,9 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The in-process servers (vdiskfs and the pass-through alike) run with
+	// the runtime settings of the vdisk mount daemon.
+	vfs.TuneRuntime()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

@@ -200,9 +200,13 @@ func (r *report) machineLine() string {
 		}
 		during = fmt.Sprintf(", %.2f–%.2f at the runs' starts", lo, hi)
 	}
-	return fmt.Sprintf("Machine: %d × %s, %.0f GiB, Linux %s, %s, %s; scratch on %s, device %s; "+
+	procs := ""
+	if m.GoMaxProcs > 0 {
+		procs = fmt.Sprintf(" (GOMAXPROCS %d)", m.GoMaxProcs)
+	}
+	return fmt.Sprintf("Machine: %d × %s, %.0f GiB, Linux %s, %s, %s%s; scratch on %s, device %s; "+
 		"1-minute load average %s before, %s after%s; %s to %s UTC.",
-		m.Nproc, m.CPU, m.MemGiB, m.Kernel, m.Fio, m.Go, orNA(m.FsType), orNA(r.Config.Device),
+		m.Nproc, m.CPU, m.MemGiB, m.Kernel, m.Fio, m.Go, procs, orNA(m.FsType), orNA(r.Config.Device),
 		load(m.LoadBefore), load(m.LoadAfter), during, r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"))
 }
 
