@@ -31,7 +31,7 @@ func newTimedFS(fs fuse.RawFileSystem) *timedFS {
 	return t
 }
 
-func (t *timedFS) since(op string, start time.Time) { t.ops[op].Observe(time.Since(start).Seconds()) }
+func (t *timedFS) since(op string, start time.Time) { t.ops[op].ObserveDuration(time.Since(start)) }
 
 // snapshot returns the histogram of every operation seen at least once.
 func (t *timedFS) snapshot() map[string]image.HistogramSnapshot {

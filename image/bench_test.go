@@ -1,9 +1,12 @@
 package image
 
 import (
+	"sync/atomic"
 	"testing"
 
 	"github.com/ncw/directio"
+
+	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
 // Benchmarks of the Disk I/O path on the memory backend, so regressions in
@@ -92,4 +95,121 @@ func BenchmarkUnalignedWrite(b *testing.B) {
 		}
 		i++
 	}
+}
+
+// The parallel variants run the 4 KiB paths from every P at once, as FUSE
+// does: they show what shared state (the store's counters, the disk's
+// locks) costs when two CPUs touch it.
+
+// nullData is a backend whose data region does no I/O: reads leave the
+// buffer as it is, writes are dropped. Metadata (below from) goes to the
+// wrapped backend. With it a benchmark measures the engine alone: map
+// lookup, range lock, counters, coalescing.
+type nullData struct {
+	backend.Backend
+	from int64
+}
+
+func (n nullData) ReadAt(p []byte, off int64) (int, error) {
+	if off >= n.from {
+		return len(p), nil
+	}
+	return n.Backend.ReadAt(p, off)
+}
+
+func (n nullData) WriteAt(p []byte, off int64) (int, error) {
+	if off >= n.from {
+		return len(p), nil
+	}
+	return n.Backend.WriteAt(p, off)
+}
+
+// benchEngineDisk is benchFilledDisk with its data I/O sent to nullData.
+func benchEngineDisk(b *testing.B) *Disk {
+	d := benchFilledDisk(b)
+	s := d.d.s
+	s.be = nullData{Backend: s.be, from: s.dataOff}
+	return d
+}
+
+func BenchmarkRead4KiBParallel(b *testing.B) {
+	d := benchFilledDisk(b)
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	var next atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		buf := directio.AlignedBlock(4096)
+		i := next.Add(1) * 1000
+		for pb.Next() {
+			if _, err := d.ReadAt(buf, (i*7919%16384)*4096); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+func BenchmarkOverwrite4KiBParallel(b *testing.B) {
+	d := benchFilledDisk(b)
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	var next atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		buf := directio.AlignedBlock(4096)
+		i := next.Add(1) * 1000
+		for pb.Next() {
+			if _, err := d.WriteAt(buf, (i*7919%16384)*4096); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+func BenchmarkEngineRead4KiBParallel(b *testing.B) {
+	benchParallel(b, benchEngineDisk(b), false)
+}
+
+func BenchmarkEngineOverwrite4KiBParallel(b *testing.B) {
+	benchParallel(b, benchEngineDisk(b), true)
+}
+
+// benchParallel issues 4 KiB reads or overwrites at scattered offsets of
+// the first 64 MiB of d from every P.
+func benchParallel(b *testing.B, d *Disk, write bool) {
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	var next atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		buf := directio.AlignedBlock(4096)
+		i := next.Add(1) * 1000
+		for pb.Next() {
+			off := (i * 7919 % 16384) * 4096
+			var err error
+			if write {
+				_, err = d.WriteAt(buf, off)
+			} else {
+				_, err = d.ReadAt(buf, off)
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+// BenchmarkHistogramObserveParallel is one histogram observed from every
+// P: the cost of sharing it, which the store's sharded counters avoid.
+func BenchmarkHistogramObserveParallel(b *testing.B) {
+	var h Histogram
+	h.initSize()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			h.Observe(4096)
+		}
+	})
 }

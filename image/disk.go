@@ -135,16 +135,26 @@ type scratch struct {
 	runs   []coalesce.Run
 	allocs []pext
 	freed  []blockmap.Extent
+	shard  uint32 // the counter shard this scratch's requests count into
 }
 
-var scratchPool = sync.Pool{New: func() any {
+// scratchPool keeps scratches per P (sync.Pool's own rule), and each
+// scratch numbers its counter shard in the order the scratches were made,
+// so requests on different CPUs count into different shards.
+var (
+	scratchPool = sync.Pool{New: newScratch}
+	scratches   atomic.Uint32
+)
+
+func newScratch() any {
 	return &scratch{
+		shard:  scratches.Add(1),
 		segs:   make([]blockmap.Segment, 0, 16),
 		out:    make([]blockmap.Segment, 0, 16),
 		runs:   make([]coalesce.Run, 0, 16),
 		allocs: make([]pext, 0, 8),
 	}
-}}
+}
 
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
@@ -190,10 +200,11 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 	defer lr.unlock()
 	sc := getScratch()
 	defer putScratch(sc)
+	c := s.stats.shard(sc)
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
 	d.mu.RUnlock()
-	s.countLookup(sc.segs)
+	countLookup(c, sc.segs)
 
 	buf := p[:n]
 	aligned := uint64(off)%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
@@ -201,17 +212,16 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 		buf = s.pool.Get(int(count * bs))
 		defer s.pool.Put(buf)
 	}
-	if err := s.readRuns(sc, buf, first); err != nil {
+	if err := s.readRuns(c, sc, buf, first); err != nil {
 		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", d.id, n, off, err)
 	}
 	if !aligned {
 		copy(p, buf[uint64(off)-first*bs:])
 	}
-	s.stats.ReadRequests.Add(1)
-	s.stats.ReadRequestBytes.Add(uint64(n))
-	s.stats.ReadRequestSize.Observe(float64(n))
-	d.counters.reads.Add(1)
-	d.counters.readBytes.Add(uint64(n))
+	c.ReadRequestSize.Observe(uint64(n))
+	dc := d.counters.shard(sc)
+	dc.reads.Add(1)
+	dc.readBytes.Add(uint64(n))
 	if n < int64(len(p)) {
 		return int(n), io.EOF
 	}
@@ -219,8 +229,9 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // readRuns fills buf (covering virtual blocks from first on, per the
-// segments in sc.segs) from the backend, zeroing the holes.
-func (s *Store) readRuns(sc *scratch, buf []byte, first uint64) error {
+// segments in sc.segs) from the backend, zeroing the holes. It counts
+// into c.
+func (s *Store) readRuns(c *Shard, sc *scratch, buf []byte, first uint64) error {
 	bs := s.bs
 	for _, sg := range sc.segs {
 		if sg.Hole {
@@ -229,10 +240,10 @@ func (s *Store) readRuns(sc *scratch, buf []byte, first uint64) error {
 		}
 	}
 	sc.runs = coalesce.Runs(sc.runs[:0], sc.segs, first, bs, maxRunBytes/bs)
-	s.countCoalesce(sc.segs, sc.runs)
+	countCoalesce(c, sc.segs, sc.runs)
 	for _, r := range sc.runs {
 		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(len(buf)))]
-		if err := s.readData(b, r.Phys); err != nil {
+		if err := s.readData(c, b, r.Phys); err != nil {
 			return err
 		}
 	}
@@ -258,20 +269,21 @@ func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
 	first, count := coalesce.BlockRange(uint64(off), uint64(len(p)), d.s.bs)
 	lr := d.ranges.lock(first, count, true)
 	defer lr.unlock()
-	if err := d.writeLocked(p, off); err != nil {
+	sc := getScratch()
+	defer putScratch(sc)
+	if err := d.writeLocked(sc, p, off); err != nil {
 		return 0, err
 	}
-	c := &d.s.stats
-	c.WriteRequests.Add(1)
-	c.WriteRequestBytes.Add(uint64(len(p)))
-	c.WriteRequestSize.Observe(float64(len(p)))
-	d.counters.writes.Add(1)
-	d.counters.writeBytes.Add(uint64(len(p)))
+	d.s.stats.shard(sc).WriteRequestSize.Observe(uint64(len(p)))
+	dc := d.counters.shard(sc)
+	dc.writes.Add(1)
+	dc.writeBytes.Add(uint64(len(p)))
 	return len(p), nil
 }
 
-// writeLocked is WriteAt with the range lock already held by the caller.
-func (d *disk) writeLocked(p []byte, off int64) error {
+// writeLocked is WriteAt with the range lock already held by the caller,
+// and a scratch of the caller's (empty).
+func (d *disk) writeLocked(sc *scratch, p []byte, off int64) error {
 	s := d.s
 	if err := s.writable(); err != nil {
 		return fmt.Errorf("disk %d write: %w", d.id, err)
@@ -279,14 +291,13 @@ func (d *disk) writeLocked(p []byte, off int64) error {
 	bs := s.bs
 	uoff, n := uint64(off), uint64(len(p))
 	first, count := coalesce.BlockRange(uoff, n, bs)
-	sc := getScratch()
-	defer putScratch(sc)
+	c := s.stats.shard(sc)
 
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
 	prev, hasPrev := d.m.Before(first)
 	d.mu.RUnlock()
-	s.countLookup(sc.segs)
+	countLookup(c, sc.segs)
 
 	// The buffer covering whole blocks [first, first+count): the caller's
 	// own when the write is block-aligned in offset, length and memory;
@@ -296,12 +307,12 @@ func (d *disk) writeLocked(p []byte, off int64) error {
 		buf = s.pool.Get(int(count * bs))
 		defer s.pool.Put(buf)
 		if uoff%bs != 0 {
-			if err := s.fillBlock(buf[:bs], sc.segs, first); err != nil {
+			if err := s.fillBlock(c, buf[:bs], sc.segs, first); err != nil {
 				return fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
 			}
 		}
 		if (uoff+n)%bs != 0 && (count > 1 || uoff%bs == 0) {
-			if err := s.fillBlock(buf[(count-1)*bs:], sc.segs, first+count-1); err != nil {
+			if err := s.fillBlock(c, buf[(count-1)*bs:], sc.segs, first+count-1); err != nil {
 				return fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
 			}
 		}
@@ -342,9 +353,9 @@ func (d *disk) writeLocked(p []byte, off int64) error {
 	}
 
 	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
-	s.countCoalesce(sc.out, sc.runs)
+	countCoalesce(c, sc.out, sc.runs)
 	for _, r := range sc.runs {
-		if err := s.writeData(buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys); err != nil {
+		if err := s.writeData(c, buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys); err != nil {
 			s.unallocate(sc.allocs)
 			return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
 		}
@@ -401,7 +412,7 @@ func isAllocated(sg blockmap.Segment, allocs []pext) bool {
 
 // fillBlock fills dst (one block) with the current content of virtual block
 // v: zeros for a hole, else the block read from the backend.
-func (s *Store) fillBlock(dst []byte, segs []blockmap.Segment, v uint64) error {
+func (s *Store) fillBlock(c *Shard, dst []byte, segs []blockmap.Segment, v uint64) error {
 	for _, sg := range segs {
 		if v < sg.Virt || v >= sg.Virt+sg.Len {
 			continue
@@ -410,25 +421,25 @@ func (s *Store) fillBlock(dst []byte, segs []blockmap.Segment, v uint64) error {
 			clear(dst)
 			return nil
 		}
-		return s.readData(dst, sg.Phys+v-sg.Virt)
+		return s.readData(c, dst, sg.Phys+v-sg.Virt)
 	}
 	panic(fmt.Sprintf("image: block %d not in lookup segments", v))
 }
 
-func (s *Store) countLookup(segs []blockmap.Segment) {
-	s.stats.Lookups.Add(1)
-	s.stats.LookupSegments.Add(uint64(len(segs)))
+func countLookup(c *Shard, segs []blockmap.Segment) {
+	c.Lookups.Add(1)
+	c.LookupSegments.Add(uint64(len(segs)))
 }
 
-func (s *Store) countCoalesce(segs []blockmap.Segment, runs []coalesce.Run) {
+func countCoalesce(c *Shard, segs []blockmap.Segment, runs []coalesce.Run) {
 	pieces := 0
 	for _, sg := range segs {
 		if !sg.Hole {
 			pieces++
 		}
 	}
-	s.stats.CoalescePieces.Add(uint64(pieces))
-	s.stats.CoalesceRuns.Add(uint64(len(runs)))
+	c.CoalescePieces.Add(uint64(pieces))
+	c.CoalesceRuns.Add(uint64(len(runs)))
 }
 
 // writable returns why the store cannot take writes, if it cannot.
@@ -521,11 +532,14 @@ func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
 	}
 	buf := s.pool.Get(int(s.bs))
 	defer s.pool.Put(buf)
-	if err := s.readData(buf, segs[0].Phys); err != nil {
+	sc := getScratch()
+	defer putScratch(sc)
+	c := s.stats.shard(sc)
+	if err := s.readData(c, buf, segs[0].Phys); err != nil {
 		return err
 	}
 	fn(buf)
-	if err := s.writeData(buf, segs[0].Phys); err != nil {
+	if err := s.writeData(c, buf, segs[0].Phys); err != nil {
 		return err
 	}
 	s.writeGen.Add(1)

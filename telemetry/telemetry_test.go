@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ncw/directio"
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,8 +44,8 @@ func newSource(t *testing.T) storeSource {
 	}
 	d.Close()
 	h := image.NewLatencyHistogram()
-	h.Observe(0.0003)
-	h.Observe(0.002)
+	h.ObserveDuration(300 * time.Microsecond)
+	h.ObserveDuration(2 * time.Millisecond)
 	return storeSource{s: s, ops: map[string]image.HistogramSnapshot{"WRITE": h.Snapshot()}}
 }
 
