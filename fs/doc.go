@@ -53,6 +53,13 @@
 //
 //   - FOPEN_NOFLUSH: close(2) sends no FLUSH; there is nothing to flush.
 //
+//   - GOMAXPROCS at least MinProcs (8), set by the daemon with TuneRuntime
+//     before Mount: a request's goroutine holds its P through the blocking
+//     /dev/fuse read and the O_DIRECT pread or pwrite, so with one P per
+//     CPU on a 2-CPU machine the device saw about two requests in flight;
+//     go-fuse also sizes its reader pool from GOMAXPROCS. 4 KiB random reads
+//     at iodepth 32 doubled (docs/BENCHMARKS.md has the sweep).
+//
 //   - MaxWrite 1 MiB (256 pages; max_read the same): one READ or WRITE is
 //     one backend run, so dd bs=1M oflag=direct is one backend write per MiB.
 //     MaxReadAhead is left to the kernel's limit (128 KiB); with direct_io

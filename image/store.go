@@ -50,6 +50,10 @@ type Options struct {
 	// Force takes over a store whose owner record names another host. Only
 	// after that host is fenced.
 	Force bool
+	// IOEngine is how OpenPath's backend issues data I/O: io_uring when
+	// the kernel allows it (the default), or pread and pwrite. See
+	// backend.Engine.
+	IOEngine backend.Engine
 }
 
 // Store is an open vdiskfs store: a catalog of disks on one backing target.
@@ -211,9 +215,14 @@ func FormatPath(path string, size int64, fo FormatOptions) error {
 	return be.Close()
 }
 
+// IOEngine reports how the store's backend issues data I/O (see
+// backend.EngineOf): io_uring or pread, and why not io_uring when the
+// default fell back to pread.
+func (s *Store) IOEngine() (backend.Engine, string) { return backend.EngineOf(s.be) }
+
 // OpenPath opens the store at path (a file or block device) with its lock.
 func OpenPath(path string, opts Options) (*Store, error) {
-	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: opts.ReadOnly && !opts.Repair})
+	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: opts.ReadOnly && !opts.Repair, Engine: opts.IOEngine})
 	if err != nil {
 		if errors.Is(err, backend.ErrLocked) {
 			return nil, fmt.Errorf("open store %s: %w%s", path, err, describeOwner(path))
@@ -231,7 +240,7 @@ func OpenPath(path string, opts Options) (*Store, error) {
 // describeOwner reads the owner record of a locked store without taking the
 // lock, to name the holder in the error.
 func describeOwner(path string) string {
-	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: true, NoLock: true})
+	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: true, NoLock: true, Engine: backend.EnginePread})
 	if err != nil {
 		return ""
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/fs"
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/telemetry"
 )
 
@@ -31,6 +32,7 @@ type mountFlags struct {
 	logFile        string
 	defaultSize    sizeValue
 	commitInterval time.Duration
+	ioEngine       string
 	metricsAddr    string
 }
 
@@ -82,11 +84,15 @@ A store can be mounted once at a time.`,
 	fl.StringVar(&f.logFile, "log-file", "", "log file in the background (default $XDG_STATE_HOME/vdiskfs/mount-<MOUNTPOINT>.log)")
 	fl.Var(&f.defaultSize, "default-size", "size of the default store when it is created (default: 64G or 3/4 of the free space)")
 	fl.DurationVar(&f.commitInterval, "commit-interval", image.DefaultCommitInterval, "commit unsynced writes at least this often")
+	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data I/O is issued: io_uring, pread, or auto (io_uring when the kernel allows it)")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
 	return cmd
 }
 
 func runMount(e *env, store, mnt string, f mountFlags) error {
+	if _, err := backend.ParseEngine(f.ioEngine); err != nil {
+		return usageErrorf("--io-engine: %v", err)
+	}
 	mnt, err := filepath.Abs(mnt)
 	if err != nil {
 		return err
@@ -108,7 +114,11 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	if err := prepareMountpoint(e, mnt); err != nil {
 		return err
 	}
-	s, err := image.OpenPath(store, image.Options{Logger: e.log, Program: "vdisk mount", CommitInterval: f.commitInterval})
+	engine, err := backend.ParseEngine(f.ioEngine)
+	if err != nil {
+		return usageErrorf("--io-engine: %v", err)
+	}
+	s, err := image.OpenPath(store, image.Options{Logger: e.log, Program: "vdisk mount", CommitInterval: f.commitInterval, IOEngine: engine})
 	if err != nil {
 		return err
 	}
@@ -137,7 +147,12 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		srv.Wait()
 		close(unmounted)
 	}()
-	e.log.WithFields(logrus.Fields{"store": store, "mountpoint": mnt, "pid": os.Getpid(), "gomaxprocs": procs}).Info("serving")
+	used, why := s.IOEngine()
+	fields := logrus.Fields{"store": store, "mountpoint": mnt, "pid": os.Getpid(), "gomaxprocs": procs, "io_engine": used}
+	if why != "" {
+		fields["io_uring_unavailable"] = why
+	}
+	e.log.WithFields(fields).Info("serving")
 	signalReady(e, f.readyFD)
 
 	select {
@@ -238,6 +253,9 @@ func daemonize(e *env, store, mnt string, f mountFlags) error {
 	}
 	if f.debug {
 		args = append(args, "--debug")
+	}
+	if f.ioEngine != "auto" {
+		args = append(args, "--io-engine", f.ioEngine)
 	}
 	if f.metricsAddr != "" {
 		args = append(args, "--metrics", f.metricsAddr)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/image/backend/uring"
 )
 
 // Backend is the storage under a store. See the package documentation for the
@@ -54,6 +56,8 @@ type OpenOptions struct {
 	// NoLock takes no lock at all (and, for block devices, no exclusive
 	// claim). Only for tests that open one store twice on purpose.
 	NoLock bool
+	// Engine chooses how File and Device issue data reads and writes.
+	Engine Engine
 }
 
 // Open opens the regular file or block device at path for O_DIRECT I/O and
@@ -112,11 +116,83 @@ func newBackend(fd int, path string, opts OpenOptions) (Backend, error) {
 			return nil, err
 		}
 	}
+	var d *direct
+	var b Backend
 	if kind == unix.S_IFBLK {
-		return newDevice(fd, path, &st, opts.ReadOnly)
+		dev, err := newDevice(fd, path, &st, opts.ReadOnly)
+		if err != nil {
+			return nil, err
+		}
+		d, b = &dev.direct, dev
+	} else {
+		f, err := newFile(fd, path, &st, opts.ReadOnly)
+		if err != nil {
+			return nil, err
+		}
+		d, b = &f.direct, f
 	}
-	return newFile(fd, path, &st, opts.ReadOnly)
+	if opts.Engine != EnginePread {
+		ring, err := uring.New(ringEntries)
+		switch {
+		case err == nil:
+			d.io, d.engine = ring, EngineIOUring
+		case opts.Engine == EngineIOUring:
+			return nil, fmt.Errorf("open %q: %w", path, err)
+		default:
+			d.engineNote = err.Error()
+		}
+	}
+	return b, nil
 }
+
+// Engine is how a File or Device issues its data reads and writes.
+type Engine string
+
+const (
+	// EngineAuto is io_uring when the kernel gives one, else pread.
+	EngineAuto Engine = ""
+	// EngineIOUring submits the reads and writes of concurrent callers
+	// through one io_uring (package uring), so that requests arriving
+	// together reach the device together: one submission, one device
+	// notification. Open fails when the kernel refuses io_uring (before
+	// Linux 6.1, kernel.io_uring_disabled, a seccomp filter).
+	EngineIOUring Engine = "io_uring"
+	// EnginePread is one pread(2) or pwrite(2) per call, on the caller's
+	// thread.
+	EnginePread Engine = "pread"
+)
+
+// ParseEngine parses "auto", "io_uring" or "pread".
+func ParseEngine(s string) (Engine, error) {
+	switch Engine(s) {
+	case "auto", EngineAuto:
+		return EngineAuto, nil
+	case EngineIOUring, EnginePread:
+		return Engine(s), nil
+	}
+	return "", fmt.Errorf("unknown I/O engine %q: want auto, io_uring or pread", s)
+}
+
+// EngineOf reports the engine b issues data I/O with: io_uring or pread
+// for File and Device (with, for pread chosen by EngineAuto, why io_uring
+// was not used), "" for the test backends.
+func EngineOf(b Backend) (e Engine, note string) {
+	var d *direct
+	switch b := b.(type) {
+	case *File:
+		d = &b.direct
+	case *Device:
+		d = &b.direct
+	default:
+		return "", ""
+	}
+	return d.engine, d.engineNote
+}
+
+// ringEntries is the depth of a backend's io_uring: more than the FUSE
+// requests in flight (MaxBackground 512 is shared by every disk of a mount,
+// and the ring queues what does not fit).
+const ringEntries = 256
 
 // openDirect opens path with O_DIRECT|O_CLOEXEC added to flags. It returns an
 // error wrapping ErrNoDirectIO, naming the file system, when the file system

@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -16,6 +17,9 @@ type direct struct {
 	size       int64  // bytes, fixed at open
 	sectorSize int    // O_DIRECT alignment of offsets, lengths and buffers
 	readOnly   bool
+	io         ioEngine // issues data reads and writes: pread/pwrite, or an io_uring
+	engine     Engine   // which one io is
+	engineNote string   // why io_uring is not used, when EngineAuto fell back
 
 	// mu is held for reading by every operation that uses fd and for
 	// writing by Close, so Close never closes the descriptor under a running
@@ -29,8 +33,25 @@ type direct struct {
 
 func (d *direct) init(fd int, desc string, size int64, sectorSize int, readOnly bool) {
 	d.desc, d.size, d.sectorSize, d.readOnly = desc, size, sectorSize, readOnly
+	d.io, d.engine = psync{}, EnginePread
 	d.mu.fd = fd
 }
+
+// ioEngine issues one read or write, like pread(2) and pwrite(2): it may
+// transfer less than asked.
+type ioEngine interface {
+	Pread(fd int, p []byte, off int64) (int, error)
+	Pwrite(fd int, p []byte, off int64) (int, error)
+	Close() error
+}
+
+// psync is the default engine: a pread or pwrite system call on the
+// caller's thread.
+type psync struct{}
+
+func (psync) Pread(fd int, p []byte, off int64) (int, error)  { return unix.Pread(fd, p, off) }
+func (psync) Pwrite(fd int, p []byte, off int64) (int, error) { return unix.Pwrite(fd, p, off) }
+func (psync) Close() error                                    { return nil }
 
 func (d *direct) Size() int64      { return d.size }
 func (d *direct) SectorSize() int  { return d.sectorSize }
@@ -44,7 +65,7 @@ func (d *direct) ReadAt(p []byte, off int64) (int, error) {
 	}
 	done := 0
 	err := d.withFD(func(fd int) (err error) {
-		done, err = preadFull(fd, p, off)
+		done, err = preadFull(d.io, fd, p, off)
 		return err
 	})
 	if err != nil {
@@ -61,7 +82,7 @@ func (d *direct) WriteAt(p []byte, off int64) (int, error) {
 	}
 	done := 0
 	err := d.withFD(func(fd int) (err error) {
-		done, err = pwriteFull(fd, p, off)
+		done, err = pwriteFull(d.io, fd, p, off)
 		return err
 	})
 	if err != nil {
@@ -78,9 +99,10 @@ func (d *direct) Close() error {
 	if d.mu.fd < 0 {
 		return nil
 	}
+	ioErr := d.io.Close()
 	err := unix.Close(d.mu.fd)
 	d.mu.fd = -1
-	if err != nil {
+	if err = errors.Join(ioErr, err); err != nil {
 		return fmt.Errorf("backend %s: close: %w", d.desc, err)
 	}
 	return nil
@@ -114,13 +136,13 @@ func (d *direct) opError(op string, off, n int64, err error) error {
 	return fmt.Errorf("backend %s: %s %d bytes at %d: %w", d.desc, op, n, off, err)
 }
 
-// preadFull reads len(p) bytes at off with pread, retrying on EINTR and
+// preadFull reads len(p) bytes at off through e, retrying on EINTR and
 // continuing after partial transfers. Reaching the end of the file early is an
 // error wrapping io.ErrUnexpectedEOF.
-func preadFull(fd int, p []byte, off int64) (int, error) {
+func preadFull(e ioEngine, fd int, p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
-		n, err := unix.Pread(fd, p[done:], off+int64(done))
+		n, err := e.Pread(fd, p[done:], off+int64(done))
 		if err == unix.EINTR {
 			continue
 		}
@@ -135,12 +157,12 @@ func preadFull(fd int, p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-// pwriteFull writes len(p) bytes at off with pwrite, retrying on EINTR and
+// pwriteFull writes len(p) bytes at off through e, retrying on EINTR and
 // continuing after partial transfers.
-func pwriteFull(fd int, p []byte, off int64) (int, error) {
+func pwriteFull(e ioEngine, fd int, p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
-		n, err := unix.Pwrite(fd, p[done:], off+int64(done))
+		n, err := e.Pwrite(fd, p[done:], off+int64(done))
 		if err == unix.EINTR {
 			continue
 		}
@@ -161,7 +183,7 @@ func writeZeroBuffers(fd int, off, n int64, align int) error {
 	zeros := alignedBuffer(int(min(n, 1<<20)), align)
 	for n > 0 {
 		step := min(n, int64(len(zeros)))
-		if _, err := pwriteFull(fd, zeros[:step], off); err != nil {
+		if _, err := pwriteFull(psync{}, fd, zeros[:step], off); err != nil {
 			return fmt.Errorf("write zeros at %d: %w", off, err)
 		}
 		off += step

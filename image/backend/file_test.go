@@ -250,9 +250,27 @@ func TestFileShortReadIsUnexpectedEOF(t *testing.T) {
 	wantErrIs(t, "read across the shrunk end", err, io.ErrUnexpectedEOF)
 }
 
+// Parallel reads, writes and flushes from several goroutines, with each
+// engine: every chunk reads back what its writer wrote.
 func TestFileParallelIO(t *testing.T) {
+	for _, engine := range []Engine{EnginePread, EngineIOUring} {
+		t.Run(string(engine), func(t *testing.T) { parallelIO(t, engine) })
+	}
+}
+
+func parallelIO(t *testing.T, engine Engine) {
 	path := newStoreFile(t, 4*MiB)
-	b := mustOpen(t, path, OpenOptions{})
+	b, err := Open(path, OpenOptions{Engine: engine})
+	if engine == EngineIOUring && err != nil && os.Getenv("CI") != "true" {
+		t.Skipf("no io_uring here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if got, _ := EngineOf(b); got != engine {
+		t.Fatalf("EngineOf: %q, want %q", got, engine)
+	}
 	const workers, chunk = 8, 64 << 10
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -281,6 +299,26 @@ func TestFileParallelIO(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// The default engine is io_uring where the kernel allows it, else pread
+// with the reason; an unknown engine name is refused.
+func TestEngineAuto(t *testing.T) {
+	b := mustOpen(t, newStoreFile(t, MiB), OpenOptions{})
+	got, why := EngineOf(b)
+	switch {
+	case got == EngineIOUring && why == "":
+	case got == EnginePread && why != "" && os.Getenv("CI") != "true":
+		t.Logf("auto fell back to pread: %s", why)
+	default:
+		t.Errorf("EngineOf: %q (%q)", got, why)
+	}
+	if _, err := ParseEngine("aio"); err == nil {
+		t.Error("ParseEngine accepted aio")
+	}
+	if e, err := ParseEngine("auto"); e != EngineAuto || err != nil {
+		t.Errorf("ParseEngine(auto): %q, %v", e, err)
+	}
 }
 
 func TestOpenErrors(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	vfs "github.com/vdiskfs/vdiskfs/fs"
+	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
 )
 
@@ -62,6 +63,7 @@ type options struct {
 	keep, quiet                  bool
 	cpuProfile                   string
 	commitInterval               time.Duration
+	ioEngine                     backend.Engine
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -92,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the scratch files")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
 	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
+	ioEngine := fs.String("io-engine", "auto", "how the in-process vdiskfs store issues its data I/O: auto, io_uring or pread (image.Options.IOEngine)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: compare [flags]\n\nRuns the same fio workloads on a vdiskfs disk and on a go-fuse pass-through of a plain file\n(same FUSE settings, same backing), round after round, and reports medians and ratios.\n\n")
@@ -118,6 +121,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.store != "" && o.mount != "" {
 		return nil, fmt.Errorf("--store and --mount exclude each other")
+	}
+	if o.ioEngine, err = backend.ParseEngine(*ioEngine); err != nil {
+		return nil, fmt.Errorf("--io-engine: %w", err)
 	}
 	return o, nil
 }
@@ -348,7 +354,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			}
 		}
 	}()
-	vdiskfsSrc := ""
+	vdiskfsSrc, ioEngineUsed := "", ""
 	for _, name := range targetNames {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -374,7 +380,13 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 					storePath, own = filepath.Join(work, "vdiskfs.store"), true
 				}
 				vdiskfsSrc = "in-process fs.Mount of " + storePath
-				t, err = newVdiskfsLocal(storePath, filepath.Join(work, "mnt-vdiskfs"), o.size, own, o.commitInterval, logger)
+				var vt *vdiskfsLocal
+				vt, err = newVdiskfsLocal(storePath, filepath.Join(work, "mnt-vdiskfs"), o.size, own, o.commitInterval, o.ioEngine, logger)
+				if err == nil {
+					used, _ := vt.store.IOEngine()
+					ioEngineUsed = string(used)
+					t = vt
+				}
 			}
 		case targetPassthrough:
 			t, err = newPassthrough(filepath.Join(work, "passthrough.img"), filepath.Join(work, "mnt-passthrough"), o.size)
@@ -418,6 +430,8 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	if o.commitInterval != 0 {
 		rep.Config.CommitInterval = o.commitInterval.String()
 	}
+	rep.Config.IOEngine = ioEngineUsed
+
 	if dev != nil {
 		rep.Config.Device = fmt.Sprintf("%s (%d:%d)", dev.Name, dev.Major, dev.Minor)
 	}

@@ -38,6 +38,9 @@ type configInfo struct {
 	VdiskfsSrc string  `json:"vdiskfs"`
 	// CommitInterval is --commit-interval when it was given.
 	CommitInterval string `json:"commit_interval,omitempty"`
+	// IOEngine is how the in-process vdiskfs store issued its data I/O
+	// (io_uring or pread), when it ran.
+	IOEngine string `json:"io_engine,omitempty"`
 }
 
 type workloadInfo struct {
@@ -203,6 +206,9 @@ func (r *report) machineLine() string {
 	procs := ""
 	if m.GoMaxProcs > 0 {
 		procs = fmt.Sprintf(" (GOMAXPROCS %d)", m.GoMaxProcs)
+	}
+	if r.Config.IOEngine != "" {
+		procs += ", vdiskfs I/O engine " + r.Config.IOEngine
 	}
 	return fmt.Sprintf("Machine: %d × %s, %.0f GiB, Linux %s, %s, %s%s; scratch on %s, device %s; "+
 		"1-minute load average %s before, %s after%s; %s to %s UTC.",
