@@ -17,7 +17,7 @@ type direct struct {
 	size       int64  // bytes, fixed at open
 	sectorSize int    // O_DIRECT alignment of offsets, lengths and buffers
 	readOnly   bool
-	io         ioEngine // issues data reads and writes: pread/pwrite, or an io_uring
+	io         ioEngine // issues data reads: pread, or an io_uring (writes are pwrite)
 	engine     Engine   // which one io is
 	engineNote string   // why io_uring is not used, when EngineAuto fell back
 
@@ -82,7 +82,7 @@ func (d *direct) WriteAt(p []byte, off int64) (int, error) {
 	}
 	done := 0
 	err := d.withFD(func(fd int) (err error) {
-		done, err = pwriteFull(d.io, fd, p, off)
+		done, err = pwriteFull(psync{}, fd, p, off) // see Engine: writes stay pwrite
 		return err
 	})
 	if err != nil {

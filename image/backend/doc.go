@@ -44,6 +44,22 @@
 // 4096 when it reports none. A store reads SectorSize at open rather than
 // assume 512: it is a power of two of at least 512, in practice 512 or 4096.
 //
+// # I/O engines
+//
+// File and Device issue ReadAt through an engine chosen at Open
+// (OpenOptions.Engine). EngineIOUring hands reads to one io_uring (package
+// uring) whose owner thread submits whatever callers have queued in one
+// io_uring_enter, so that the reads of concurrent FUSE requests reach the
+// block layer under one plug and the device is notified once for them;
+// EnginePread is one pread per call on the caller's thread. WriteAt is one
+// pwrite on the caller's thread with either engine (see EngineIOUring for
+// the measurement).
+// EngineAuto, the default, takes io_uring when the kernel gives one and
+// falls back to pread (EngineOf says which, and why). Flush, Discard and
+// WriteZeroes are system calls on the caller's thread with either engine;
+// a WriteAt has completed (its CQE is reaped) before it returns, so a
+// later Flush covers it.
+//
 // # Opening, locking and errors
 //
 // Open takes flock(LOCK_EX|LOCK_NB) on the backing (LOCK_SH when read-only)
