@@ -133,39 +133,11 @@ func benchEngineDisk(b *testing.B) *Disk {
 }
 
 func BenchmarkRead4KiBParallel(b *testing.B) {
-	d := benchFilledDisk(b)
-	b.SetBytes(4096)
-	b.ReportAllocs()
-	var next atomic.Int64
-	b.RunParallel(func(pb *testing.PB) {
-		buf := directio.AlignedBlock(4096)
-		i := next.Add(1) * 1000
-		for pb.Next() {
-			if _, err := d.ReadAt(buf, (i*7919%16384)*4096); err != nil {
-				b.Error(err)
-				return
-			}
-			i++
-		}
-	})
+	benchParallel(b, benchFilledDisk(b), false)
 }
 
 func BenchmarkOverwrite4KiBParallel(b *testing.B) {
-	d := benchFilledDisk(b)
-	b.SetBytes(4096)
-	b.ReportAllocs()
-	var next atomic.Int64
-	b.RunParallel(func(pb *testing.PB) {
-		buf := directio.AlignedBlock(4096)
-		i := next.Add(1) * 1000
-		for pb.Next() {
-			if _, err := d.WriteAt(buf, (i*7919%16384)*4096); err != nil {
-				b.Error(err)
-				return
-			}
-			i++
-		}
-	})
+	benchParallel(b, benchFilledDisk(b), true)
 }
 
 func BenchmarkEngineRead4KiBParallel(b *testing.B) {
