@@ -15,6 +15,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultCommitInterval bounds how much acknowledged-but-unsynced work a
@@ -221,8 +222,10 @@ func FormatPath(path string, size int64, fo FormatOptions) error {
 func (s *Store) IOEngine() (backend.Engine, string) { return backend.EngineOf(s.be) }
 
 // OpenPath opens the store at path (a file or block device) with its lock.
+// When the lock is held by an owner on this host that no longer exists, it
+// waits up to lockWait for the kernel to release it.
 func OpenPath(path string, opts Options) (*Store, error) {
-	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: opts.ReadOnly && !opts.Repair, Engine: opts.IOEngine})
+	be, err := openBackend(path, backend.OpenOptions{ReadOnly: opts.ReadOnly && !opts.Repair, Engine: opts.IOEngine})
 	if err != nil {
 		if errors.Is(err, backend.ErrLocked) {
 			return nil, fmt.Errorf("open store %s: %w%s", path, err, describeOwner(path))
@@ -237,16 +240,52 @@ func OpenPath(path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// describeOwner reads the owner record of a locked store without taking the
-// lock, to name the holder in the error.
-func describeOwner(path string) string {
+// lockWait bounds how long OpenPath waits for the lock of a store whose
+// owner on this host has died. The kernel drops a killed process's flock
+// when the last reference to its open file goes, and reads the process had
+// in flight in its io_uring hold a reference until they complete, after the
+// process is gone: a remount right after kill -9 can find the lock held for
+// a moment by nobody.
+const lockWait = 5 * time.Second
+
+// openBackend is backend.Open, retried while the lock is held by a dead
+// owner on this host, for at most lockWait.
+func openBackend(path string, o backend.OpenOptions) (backend.Backend, error) {
+	deadline := time.Now().Add(lockWait)
+	for {
+		be, err := backend.Open(path, o)
+		if err == nil || !errors.Is(err, backend.ErrLocked) || time.Now().After(deadline) {
+			return be, err
+		}
+		sb := readOwner(path)
+		host, _ := os.Hostname()
+		if sb == nil || sb.Host != host || sb.OwnerPID <= 0 || unix.Kill(int(sb.OwnerPID), 0) != unix.ESRCH {
+			return be, err // a live owner, or one we cannot tell
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// readOwner reads the superblock of a store without taking the lock, or
+// nil when it is not open by anyone or cannot be read.
+func readOwner(path string) *superblock {
 	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: true, NoLock: true, Engine: backend.EnginePread})
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer be.Close()
 	sb, _, err := readSuperblocks(be)
 	if err != nil || sb.State != stateOpen {
+		return nil
+	}
+	return sb
+}
+
+// describeOwner reads the owner record of a locked store without taking the
+// lock, to name the holder in the error.
+func describeOwner(path string) string {
+	sb := readOwner(path)
+	if sb == nil {
 		return ""
 	}
 	return fmt.Sprintf(" (held by %s, pid %d on host %q since %s)", orUnknown(sb.Program), sb.OwnerPID, sb.Host,
