@@ -51,8 +51,8 @@ type Options struct {
 	// Force takes over a store whose owner record names another host. Only
 	// after that host is fenced.
 	Force bool
-	// IOEngine is how OpenPath's backend issues data I/O: io_uring when
-	// the kernel allows it (the default), or pread and pwrite. See
+	// IOEngine is how OpenPath's backend issues data reads: io_uring when
+	// the kernel allows it (the default), or pread; writes are pwrite. See
 	// backend.Engine.
 	IOEngine backend.Engine
 }
@@ -216,7 +216,7 @@ func FormatPath(path string, size int64, fo FormatOptions) error {
 	return be.Close()
 }
 
-// IOEngine reports how the store's backend issues data I/O (see
+// IOEngine reports how the store's backend issues data reads (see
 // backend.EngineOf): io_uring or pread, and why not io_uring when the
 // default fell back to pread.
 func (s *Store) IOEngine() (backend.Engine, string) { return backend.EngineOf(s.be) }

@@ -84,7 +84,7 @@ A store can be mounted once at a time.`,
 	fl.StringVar(&f.logFile, "log-file", "", "log file in the background (default $XDG_STATE_HOME/vdiskfs/mount-<MOUNTPOINT>.log)")
 	fl.Var(&f.defaultSize, "default-size", "size of the default store when it is created (default: 64G or 3/4 of the free space)")
 	fl.DurationVar(&f.commitInterval, "commit-interval", image.DefaultCommitInterval, "commit unsynced writes at least this often")
-	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data I/O is issued: io_uring, pread, or auto (io_uring when the kernel allows it)")
+	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data reads are issued: io_uring, pread, or auto (io_uring when the kernel allows it); writes are pwrite")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
 	return cmd
 }

@@ -56,7 +56,7 @@ type OpenOptions struct {
 	// NoLock takes no lock at all (and, for block devices, no exclusive
 	// claim). Only for tests that open one store twice on purpose.
 	NoLock bool
-	// Engine chooses how File and Device issue data reads and writes.
+	// Engine chooses how File and Device issue data reads.
 	Engine Engine
 }
 
@@ -145,7 +145,8 @@ func newBackend(fd int, path string, opts OpenOptions) (Backend, error) {
 	return b, nil
 }
 
-// Engine is how a File or Device issues its data reads and writes.
+// Engine is how a File or Device issues its data reads (writes are one
+// pwrite each with every engine).
 type Engine string
 
 const (
@@ -178,7 +179,7 @@ func ParseEngine(s string) (Engine, error) {
 	return "", fmt.Errorf("unknown I/O engine %q: want auto, io_uring or pread", s)
 }
 
-// EngineOf reports the engine b issues data I/O with: io_uring or pread
+// EngineOf reports the engine b issues data reads with: io_uring or pread
 // for File and Device (with, for pread chosen by EngineAuto, why io_uring
 // was not used), "" for the test backends.
 func EngineOf(b Backend) (e Engine, note string) {

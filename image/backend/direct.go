@@ -17,9 +17,9 @@ type direct struct {
 	size       int64  // bytes, fixed at open
 	sectorSize int    // O_DIRECT alignment of offsets, lengths and buffers
 	readOnly   bool
-	io         ioEngine // issues data reads: pread, or an io_uring (writes are pwrite)
-	engine     Engine   // which one io is
-	engineNote string   // why io_uring is not used, when EngineAuto fell back
+	io         reader // issues data reads: pread, or an io_uring (writes are pwrite)
+	engine     Engine // which one io is
+	engineNote string // why io_uring is not used, when EngineAuto fell back
 
 	// mu is held for reading by every operation that uses fd and for
 	// writing by Close, so Close never closes the descriptor under a running
@@ -37,21 +37,18 @@ func (d *direct) init(fd int, desc string, size int64, sectorSize int, readOnly 
 	d.mu.fd = fd
 }
 
-// ioEngine issues one read or write, like pread(2) and pwrite(2): it may
-// transfer less than asked.
-type ioEngine interface {
+// reader issues one read, like pread(2): it may transfer less than asked.
+// Writes need no such seam: they are always pwrite (see EngineIOUring).
+type reader interface {
 	Pread(fd int, p []byte, off int64) (int, error)
-	Pwrite(fd int, p []byte, off int64) (int, error)
 	Close() error
 }
 
-// psync is the default engine: a pread or pwrite system call on the
-// caller's thread.
+// psync is the default reader: a pread system call on the caller's thread.
 type psync struct{}
 
-func (psync) Pread(fd int, p []byte, off int64) (int, error)  { return unix.Pread(fd, p, off) }
-func (psync) Pwrite(fd int, p []byte, off int64) (int, error) { return unix.Pwrite(fd, p, off) }
-func (psync) Close() error                                    { return nil }
+func (psync) Pread(fd int, p []byte, off int64) (int, error) { return unix.Pread(fd, p, off) }
+func (psync) Close() error                                   { return nil }
 
 func (d *direct) Size() int64      { return d.size }
 func (d *direct) SectorSize() int  { return d.sectorSize }
@@ -82,7 +79,7 @@ func (d *direct) WriteAt(p []byte, off int64) (int, error) {
 	}
 	done := 0
 	err := d.withFD(func(fd int) (err error) {
-		done, err = pwriteFull(psync{}, fd, p, off) // see Engine: writes stay pwrite
+		done, err = pwriteFull(fd, p, off) // pwrite with either engine: see EngineIOUring
 		return err
 	})
 	if err != nil {
@@ -139,7 +136,7 @@ func (d *direct) opError(op string, off, n int64, err error) error {
 // preadFull reads len(p) bytes at off through e, retrying on EINTR and
 // continuing after partial transfers. Reaching the end of the file early is an
 // error wrapping io.ErrUnexpectedEOF.
-func preadFull(e ioEngine, fd int, p []byte, off int64) (int, error) {
+func preadFull(e reader, fd int, p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
 		n, err := e.Pread(fd, p[done:], off+int64(done))
@@ -157,12 +154,12 @@ func preadFull(e ioEngine, fd int, p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-// pwriteFull writes len(p) bytes at off through e, retrying on EINTR and
+// pwriteFull writes len(p) bytes at off with pwrite, retrying on EINTR and
 // continuing after partial transfers.
-func pwriteFull(e ioEngine, fd int, p []byte, off int64) (int, error) {
+func pwriteFull(fd int, p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
-		n, err := e.Pwrite(fd, p[done:], off+int64(done))
+		n, err := unix.Pwrite(fd, p[done:], off+int64(done))
 		if err == unix.EINTR {
 			continue
 		}
@@ -183,7 +180,7 @@ func writeZeroBuffers(fd int, off, n int64, align int) error {
 	zeros := alignedBuffer(int(min(n, 1<<20)), align)
 	for n > 0 {
 		step := min(n, int64(len(zeros)))
-		if _, err := pwriteFull(psync{}, fd, zeros[:step], off); err != nil {
+		if _, err := pwriteFull(fd, zeros[:step], off); err != nil {
 			return fmt.Errorf("write zeros at %d: %w", off, err)
 		}
 		off += step

@@ -94,7 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the scratch files")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
 	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
-	ioEngine := fs.String("io-engine", "auto", "how the in-process vdiskfs store issues its data I/O: auto, io_uring or pread (image.Options.IOEngine)")
+	ioEngine := fs.String("io-engine", "auto", "how the in-process vdiskfs store issues its data reads: auto, io_uring or pread (image.Options.IOEngine)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: compare [flags]\n\nRuns the same fio workloads on a vdiskfs disk and on a go-fuse pass-through of a plain file\n(same FUSE settings, same backing), round after round, and reports medians and ratios.\n\n")
