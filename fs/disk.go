@@ -248,15 +248,27 @@ func (f *diskFile) fields(kv ...any) logrus.Fields {
 }
 
 // Read reads into the request's own buffer (go-fuse pools it, 4 KiB
-// aligned, so image reads block-aligned requests straight into it). A read
-// that reaches the end of the disk is short; at or past the end, empty.
+// aligned; with FUSE-over-io_uring it is the ring entry's payload buffer,
+// page-aligned), so image reads block-aligned requests straight into it
+// and the reply needs no copy (inPlace). A read that reaches the end of the
+// disk is short; at or past the end, empty.
 func (f *diskFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n, err := f.disk.ReadAt(dest, off)
 	if err != nil && err != io.EOF {
 		return nil, f.vfs.toErrno(err, "read", f.fields("offset", off, "length", len(dest)))
 	}
-	return fuse.ReadResultData(dest[:n]), 0
+	return inPlace(dest[:n]), 0
 }
+
+// inPlace is a read result already in the reply buffer. go-fuse copies a
+// ReadResultData into the reply even when it is the reply buffer (a 1 MiB
+// memmove onto itself); a result with only Bytes is taken as the payload,
+// and one that is the reply buffer is not copied.
+type inPlace []byte
+
+func (r inPlace) Bytes([]byte) ([]byte, fuse.Status) { return r, fuse.OK }
+func (r inPlace) Size() int                          { return len(r) }
+func (r inPlace) Done()                              {}
 
 // Write writes the request's payload, growing the disk when it ends past
 // the size. go-fuse hands the payload 4 KiB aligned, so aligned writes go

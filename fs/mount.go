@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/vdiskfs/vdiskfs/fs/fuseuring"
 	"github.com/vdiskfs/vdiskfs/image"
 )
 
@@ -57,6 +58,10 @@ type Options struct {
 	// FsName is shown as the source in /proc/mounts; "" means "vdiskfs".
 	FsName string
 
+	// Transport picks io_uring or /dev/fuse; "" (auto) uses io_uring when
+	// the kernel offers it.
+	Transport Transport
+
 	// pageCache makes buffered (non-O_DIRECT) opens use the kernel page
 	// cache instead of direct_io. For the benchmark that chose direct_io.
 	pageCache bool
@@ -71,6 +76,7 @@ type Server struct {
 	mountpoint string
 	log        logrus.FieldLogger
 	done       chan struct{} // closed when serving has ended
+	transport  string        // "io_uring" or "dev", as serving
 	unmountMu  sync.Mutex    // serialises Unmount calls
 }
 
@@ -97,6 +103,11 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 	if opts.Debug {
 		traceLevel = logrus.InfoLevel
 	}
+	caps := uint64(extraCapabilities)
+	useRing, noRing := wantIOURing(opts.Transport)
+	if useRing {
+		caps |= fuse.CAP_OVER_IO_URING
+	}
 	at, et := attrTimeout, entryTimeout
 	fo := &gofs.Options{
 		MountOptions: fuse.MountOptions{
@@ -109,7 +120,7 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 			Name:              "vdiskfs",
 			DirectMount:       true, // falls back to fusermount when mount(2) is refused
 			EnableLocks:       false,
-			ExtraCapabilities: extraCapabilities,
+			ExtraCapabilities: caps,
 			DisableXAttrs:     true,
 			// Read replies are memory we filled, written with writev;
 			// splice only helps fd-backed replies, and fails (with a log
@@ -129,19 +140,45 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
-	s := &Server{srv: srv, timed: timed, vfs: v, root: root, mountpoint: mountpoint, log: lg, done: make(chan struct{})}
+	s := &Server{srv: srv, timed: timed, vfs: v, root: root, mountpoint: mountpoint, log: lg,
+		done: make(chan struct{}), transport: string(TransportDev)}
+	// Serve /dev/fuse first: the io_uring queues take over only once all
+	// are registered, and FORGET, INTERRUPT and notifications stay there.
+	ringc := make(chan *fuseuring.Transport, 1)
 	go func() {
 		srv.Serve()
+		if ring := <-ringc; ring != nil {
+			ring.Close()
+		}
 		v.closeAll()
 		close(s.done)
 	}()
+	var ring *fuseuring.Transport
+	if useRing {
+		ring, noRing = startIOURing(srv, timed, &fo.MountOptions, fuseuring.Options{MaxWrite: maxWrite, Logger: lg})
+		if noRing == nil {
+			s.transport = string(TransportIOURing)
+		}
+	}
+	ringc <- ring
+	if noRing != nil && opts.Transport == TransportIOURing {
+		_ = s.Unmount()
+		return nil, fmt.Errorf("mount %s: FUSE-over-io_uring: %w", mountpoint, noRing)
+	}
 	if err := srv.WaitMount(); err != nil {
 		_ = s.Unmount()
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
-	lg.WithFields(logrus.Fields{"max_write": maxWrite, "max_background": maxBG}).Info("mounted")
+	fields := logrus.Fields{"max_write": maxWrite, "max_background": maxBG, "fuse_transport": s.transport}
+	if noRing != nil {
+		fields["fuse_transport_reason"] = noRing.Error()
+	}
+	lg.WithFields(fields).Info("mounted")
 	return s, nil
 }
+
+// Transport is how the mount's requests travel: "io_uring" or "dev".
+func (s *Server) Transport() string { return s.transport }
 
 // Mountpoint returns the directory the store is mounted on.
 func (s *Server) Mountpoint() string { return s.mountpoint }

@@ -33,6 +33,7 @@ type mountFlags struct {
 	defaultSize    sizeValue
 	commitInterval time.Duration
 	ioEngine       string
+	fuseTransport  string
 	metricsAddr    string
 }
 
@@ -85,6 +86,7 @@ A store can be mounted once at a time.`,
 	fl.Var(&f.defaultSize, "default-size", "size of the default store when it is created (default: 64G or 3/4 of the free space)")
 	fl.DurationVar(&f.commitInterval, "commit-interval", image.DefaultCommitInterval, "commit unsynced writes at least this often")
 	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data reads are issued: io_uring, pread, or auto (io_uring when the kernel allows it); writes are pwrite")
+	fl.StringVar(&f.fuseTransport, "fuse-transport", "auto", "how FUSE requests reach vdiskfs: io_uring (FUSE-over-io_uring; turns on the fuse module's enable_uring), dev (/dev/fuse), or auto (io_uring when enabled)")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
 	return cmd
 }
@@ -92,6 +94,9 @@ A store can be mounted once at a time.`,
 func runMount(e *env, store, mnt string, f mountFlags) error {
 	if _, err := backend.ParseEngine(f.ioEngine); err != nil {
 		return usageErrorf("--io-engine: %v", err)
+	}
+	if _, err := fs.ParseTransport(f.fuseTransport); err != nil {
+		return usageErrorf("--fuse-transport: %v", err)
 	}
 	mnt, err := filepath.Abs(mnt)
 	if err != nil {
@@ -118,12 +123,17 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	if err != nil {
 		return usageErrorf("--io-engine: %v", err)
 	}
+	transport, err := fs.ParseTransport(f.fuseTransport)
+	if err != nil {
+		return usageErrorf("--fuse-transport: %v", err)
+	}
+	engine = fs.StoreEngine(transport, engine)
 	s, err := image.OpenPath(store, image.Options{Logger: e.log, Program: "vdisk mount", CommitInterval: f.commitInterval, IOEngine: engine})
 	if err != nil {
 		return err
 	}
 	procs := fs.TuneRuntime() // before Mount: go-fuse sizes its readers from it
-	srv, err := fs.Mount(s, mnt, fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log})
+	srv, err := fs.Mount(s, mnt, fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log, Transport: transport})
 	if err != nil {
 		s.Close()
 		return err
@@ -256,6 +266,9 @@ func daemonize(e *env, store, mnt string, f mountFlags) error {
 	}
 	if f.ioEngine != "auto" {
 		args = append(args, "--io-engine", f.ioEngine)
+	}
+	if f.fuseTransport != "auto" {
+		args = append(args, "--fuse-transport", f.fuseTransport)
 	}
 	if f.metricsAddr != "" {
 		args = append(args, "--metrics", f.metricsAddr)

@@ -64,6 +64,7 @@ type options struct {
 	cpuProfile                   string
 	commitInterval               time.Duration
 	ioEngine                     backend.Engine
+	fuseTransport                vfs.Transport
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -94,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the scratch files")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
 	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
+	fuseTransport := fs.String("fuse-transport", "auto", "how the in-process vdiskfs mount gets its FUSE requests: auto, io_uring or dev (fs.Options.Transport)")
 	ioEngine := fs.String("io-engine", "auto", "how the in-process vdiskfs store issues its data reads: auto, io_uring or pread (image.Options.IOEngine)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
 	fs.Usage = func() {
@@ -124,6 +126,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.ioEngine, err = backend.ParseEngine(*ioEngine); err != nil {
 		return nil, fmt.Errorf("--io-engine: %w", err)
+	}
+	if o.fuseTransport, err = vfs.ParseTransport(*fuseTransport); err != nil {
+		return nil, fmt.Errorf("--fuse-transport: %w", err)
 	}
 	return o, nil
 }
@@ -354,7 +359,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			}
 		}
 	}()
-	vdiskfsSrc, ioEngineUsed := "", ""
+	vdiskfsSrc, ioEngineUsed, transportUsed := "", "", ""
 	for _, name := range targetNames {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -381,10 +386,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 				}
 				vdiskfsSrc = "in-process fs.Mount of " + storePath
 				var vt *vdiskfsLocal
-				vt, err = newVdiskfsLocal(storePath, filepath.Join(work, "mnt-vdiskfs"), o.size, own, o.commitInterval, o.ioEngine, logger)
+				vt, err = newVdiskfsLocal(storePath, filepath.Join(work, "mnt-vdiskfs"), o.size, own, o.commitInterval, o.ioEngine, o.fuseTransport, logger)
 				if err == nil {
 					used, _ := vt.store.IOEngine()
 					ioEngineUsed = string(used)
+					transportUsed = vt.srv.Transport()
 					t = vt
 				}
 			}
@@ -431,6 +437,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		rep.Config.CommitInterval = o.commitInterval.String()
 	}
 	rep.Config.IOEngine = ioEngineUsed
+	rep.Config.FUSETransport = transportUsed
 
 	if dev != nil {
 		rep.Config.Device = fmt.Sprintf("%s (%d:%d)", dev.Name, dev.Major, dev.Minor)

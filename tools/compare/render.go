@@ -41,6 +41,9 @@ type configInfo struct {
 	// IOEngine is how the in-process vdiskfs store issued its data I/O
 	// (io_uring or pread), when it ran.
 	IOEngine string `json:"io_engine,omitempty"`
+	// FUSETransport is how the in-process vdiskfs mount got its requests
+	// (io_uring or dev), when it ran.
+	FUSETransport string `json:"fuse_transport,omitempty"`
 }
 
 type workloadInfo struct {
@@ -209,6 +212,9 @@ func (r *report) machineLine() string {
 	}
 	if r.Config.IOEngine != "" {
 		procs += ", vdiskfs I/O engine " + r.Config.IOEngine
+	}
+	if r.Config.FUSETransport != "" {
+		procs += ", vdiskfs FUSE transport " + r.Config.FUSETransport
 	}
 	return fmt.Sprintf("Machine: %d × %s, %.0f GiB, Linux %s, %s, %s%s; scratch on %s, device %s; "+
 		"1-minute load average %s before, %s after%s; %s to %s UTC.",

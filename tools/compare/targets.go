@@ -161,7 +161,7 @@ type vdiskfsLocal struct {
 
 // newVdiskfsLocal formats a store at storePath (unless one exists there),
 // opens it, mounts it at mnt and creates the disk.
-func newVdiskfsLocal(storePath, mnt string, size int64, ownStore bool, commitInterval time.Duration, engine backend.Engine, log logrus.FieldLogger) (*vdiskfsLocal, error) {
+func newVdiskfsLocal(storePath, mnt string, size int64, ownStore bool, commitInterval time.Duration, engine backend.Engine, transport vfs.Transport, log logrus.FieldLogger) (*vdiskfsLocal, error) {
 	if _, err := os.Stat(storePath); errors.Is(err, os.ErrNotExist) {
 		// Thin: the data region only needs room for one disk, plus
 		// blocks freed by a reset and waiting for their commit.
@@ -171,6 +171,7 @@ func newVdiskfsLocal(storePath, mnt string, size int64, ownStore bool, commitInt
 	} else if err != nil {
 		return nil, err
 	}
+	engine = vfs.StoreEngine(transport, engine)
 	store, err := image.OpenPath(storePath, image.Options{Logger: log, Program: "vdiskfs compare", CommitInterval: commitInterval, IOEngine: engine})
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", storePath, err)
@@ -179,7 +180,7 @@ func newVdiskfsLocal(storePath, mnt string, size int64, ownStore bool, commitInt
 		store.Close()
 		return nil, err
 	}
-	srv, err := vfs.Mount(store, mnt, vfs.Options{Logger: log, FsName: "vdiskfs-compare"})
+	srv, err := vfs.Mount(store, mnt, vfs.Options{Logger: log, FsName: "vdiskfs-compare", Transport: transport})
 	if err != nil {
 		store.Close()
 		return nil, err
