@@ -447,15 +447,7 @@ func (q *queue) commit(e *entry) {
 	}
 }
 
-func (q *queue) wake() {
-	one := [8]byte{1}
-	for {
-		_, err := unix.Write(q.efd, one[:])
-		if err != unix.EINTR {
-			return // EAGAIN: the counter is full, the owner is awake anyway
-		}
-	}
-}
+func (q *queue) wake() { iouring.Notify(q.efd) }
 
 func (q *queue) close() {
 	q.mu.Lock()

@@ -22,23 +22,23 @@ const (
 	sysSetup = 425
 	sysEnter = 426
 
-	SetupCQSize        = 1 << 3
-	SetupSubmitAll     = 1 << 7
-	SetupSQE128        = 1 << 10
-	SetupSingleIssuer  = 1 << 12
-	SetupDeferTaskrun  = 1 << 13
-	featSingleMmap     = 1 << 0
-	enterGetevents     = 1 << 0
-	offSQRing          = 0
-	offCQRing          = 0x8000000
-	offSQEs            = 0x10000000
-	OpRead             = 22
-	OpWrite            = 23
-	OpURingCmd         = 46
-	sqeSize            = 64
-	sqe128CmdArea      = 80 // bytes of command data in a 128-byte SQE
-	sqeCmdOffset       = 48
-	sqe64CmdArea       = sqeSize - sqeCmdOffset
+	SetupCQSize       = 1 << 3
+	SetupSubmitAll    = 1 << 7
+	SetupSQE128       = 1 << 10
+	SetupSingleIssuer = 1 << 12
+	SetupDeferTaskrun = 1 << 13
+	featSingleMmap    = 1 << 0
+	enterGetevents    = 1 << 0
+	offSQRing         = 0
+	offCQRing         = 0x8000000
+	offSQEs           = 0x10000000
+	OpRead            = 22
+	OpWrite           = 23
+	OpURingCmd        = 46
+	sqeSize           = 64
+	sqe128CmdArea     = 80 // bytes of command data in a 128-byte SQE
+	sqeCmdOffset      = 48
+	sqe64CmdArea      = sqeSize - sqeCmdOffset
 )
 
 // SQE is a submission queue entry (the first 64 bytes when the ring has
@@ -219,4 +219,16 @@ func (r *Ring) Close() error {
 	}
 	r.sqeMem, r.cqMem, r.sqMem = nil, nil, nil
 	return unix.Close(r.fd)
+}
+
+// Notify adds one to the eventfd efd, completing a read of it armed in a
+// ring: how a goroutine wakes a ring's owner sleeping in Enter.
+func Notify(efd int) {
+	one := [8]byte{1}
+	for {
+		_, err := unix.Write(efd, one[:])
+		if err != unix.EINTR {
+			return // EAGAIN: the counter is full, the owner is awake anyway
+		}
+	}
 }

@@ -33,72 +33,12 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
-
-// Linux ABI (include/uapi/linux/io_uring.h).
-const (
-	sysSetup = 425
-	sysEnter = 426
-
-	setupSingleIssuer = 1 << 12
-	setupDeferTaskrun = 1 << 13
-	setupSubmitAll    = 1 << 7
-
-	featSingleMmap = 1 << 0
-
-	enterGetevents = 1 << 0
-
-	offSQRing = 0
-	offCQRing = 0x8000000
-	offSQEs   = 0x10000000
-
-	opRead  = 22
-	opWrite = 23
-)
-
-type sqringOffsets struct {
-	head, tail, ringMask, ringEntries, flags, dropped, array, resv1 uint32
-	userAddr                                                        uint64
-}
-
-type cqringOffsets struct {
-	head, tail, ringMask, ringEntries, overflow, cqes, flags, resv1 uint32
-	userAddr                                                        uint64
-}
-
-type params struct {
-	sqEntries, cqEntries, flags, sqThreadCPU, sqThreadIdle, features, wqFd uint32
-	resv                                                                   [3]uint32
-	sqOff                                                                  sqringOffsets
-	cqOff                                                                  cqringOffsets
-}
-
-type sqe struct {
-	opcode      uint8
-	flags       uint8
-	ioprio      uint16
-	fd          int32
-	off         uint64
-	addr        uint64
-	len         uint32
-	rwFlags     uint32
-	userData    uint64
-	bufIndex    uint16
-	personality uint16
-	spliceFdIn  int32
-	addr3       uint64
-	_           uint64
-}
-
-type cqe struct {
-	userData uint64
-	res      int32
-	flags    uint32
-}
 
 // wakeTag is the user data of the eventfd read; operations use their slot.
 const wakeTag = ^uint64(0)
@@ -130,24 +70,14 @@ type op struct {
 	done   chan struct{}
 }
 
-// ring is the owner's view of the ring's memory. Only the owner uses it.
+// ring is the owner's io_uring and its bookkeeping. Only the owner uses it.
 type ring struct {
-	fd             int
-	sqMem, cqMem   []byte
-	sqeMem         []byte
-	sqHead, sqTail *uint32
-	sqMask         uint32
-	sqArray        []uint32
-	sqes           []sqe
-	cqHead, cqTail *uint32
-	cqMask         uint32
-	cqes           []cqe
-	tail           uint32 // SQEs written, published to *sqTail before each enter
-	slots          []*op  // in flight, by slot; nil when free
-	free           []uint64
-	efdBuf         [8]byte
-	wakeArmed      bool
-	maxOps         int // operations in flight at most
+	*iouring.Ring
+	slots     []*op // in flight, by slot; nil when free
+	free      []uint64
+	efdBuf    [8]byte
+	wakeArmed bool
+	maxOps    int // operations in flight at most
 }
 
 // New creates a ring of the given depth (a power of two; 256 is plenty for
@@ -173,12 +103,12 @@ func New(entries uint32) (*Ring, error) {
 // Pread reads into p at off from fd, like pread(2): one call, which may
 // transfer less than len(p).
 func (r *Ring) Pread(fd int, p []byte, off int64) (int, error) {
-	return r.do(opRead, fd, p, off)
+	return r.do(iouring.OpRead, fd, p, off)
 }
 
 // Pwrite writes p at off to fd, like pwrite(2).
 func (r *Ring) Pwrite(fd int, p []byte, off int64) (int, error) {
-	return r.do(opWrite, fd, p, off)
+	return r.do(iouring.OpWrite, fd, p, off)
 }
 
 // ErrClosed is returned by operations on a closed ring.
@@ -215,15 +145,7 @@ func (r *Ring) do(opcode uint8, fd int, p []byte, off int64) (int, error) {
 }
 
 // wake writes the eventfd, completing the owner's armed read.
-func (r *Ring) wake() {
-	one := [8]byte{1}
-	for {
-		_, err := unix.Write(r.efd, one[:])
-		if err != unix.EINTR {
-			return
-		}
-	}
-}
+func (r *Ring) wake() { iouring.Notify(r.efd) }
 
 // Close stops the owner once every queued operation has completed, and
 // frees the ring. Callers must not start operations during or after Close;
@@ -253,7 +175,7 @@ func (r *Ring) own(entries uint32, started chan<- error) {
 	if err != nil {
 		return
 	}
-	defer rg.unmap()
+	defer rg.Close()
 	r.serve(rg)
 }
 
@@ -288,70 +210,20 @@ func (r *Ring) serve(rg *ring) {
 		r.mu.Lock()
 		r.mu.sleeping = false
 		r.mu.Unlock()
-		rg.reap(r.efd)
+		rg.reap()
 	}
 }
 
-// setup creates the ring and maps its memory.
+// setup creates the ring.
 func setup(entries uint32) (*ring, error) {
-	var p params
-	p.flags = setupSingleIssuer | setupDeferTaskrun | setupSubmitAll
-	fd, _, errno := unix.Syscall(sysSetup, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
-	if errno != 0 {
-		return nil, fmt.Errorf("io_uring_setup: %w", errno)
-	}
-	rg := &ring{fd: int(fd)}
-	fail := func(what string, err error) (*ring, error) {
-		rg.unmap()
-		return nil, fmt.Errorf("io_uring: %s: %w", what, err)
-	}
-	sqSize := int(p.sqOff.array + p.sqEntries*4)
-	cqSize := int(p.cqOff.cqes + p.cqEntries*uint32(unsafe.Sizeof(cqe{})))
-	if p.features&featSingleMmap != 0 {
-		sqSize = max(sqSize, cqSize)
-	}
-	var err error
-	rg.sqMem, err = unix.Mmap(rg.fd, offSQRing, sqSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	r, err := iouring.Setup(entries, 0, iouring.SetupSingleIssuer|iouring.SetupDeferTaskrun|iouring.SetupSubmitAll)
 	if err != nil {
-		return fail("map submission ring", err)
+		return nil, err
 	}
-	if p.features&featSingleMmap != 0 {
-		rg.cqMem = rg.sqMem
-	} else if rg.cqMem, err = unix.Mmap(rg.fd, offCQRing, cqSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
-		return fail("map completion ring", err)
-	}
-	sqeSize := int(p.sqEntries) * int(unsafe.Sizeof(sqe{}))
-	if rg.sqeMem, err = unix.Mmap(rg.fd, offSQEs, sqeSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
-		return fail("map submission entries", err)
-	}
-	u32 := func(mem []byte, off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&mem[off])) }
-	rg.sqHead, rg.sqTail = u32(rg.sqMem, p.sqOff.head), u32(rg.sqMem, p.sqOff.tail)
-	rg.sqMask = *u32(rg.sqMem, p.sqOff.ringMask)
-	rg.sqArray = unsafe.Slice(u32(rg.sqMem, p.sqOff.array), p.sqEntries)
-	rg.sqes = unsafe.Slice((*sqe)(unsafe.Pointer(&rg.sqeMem[0])), p.sqEntries)
-	rg.cqHead, rg.cqTail = u32(rg.cqMem, p.cqOff.head), u32(rg.cqMem, p.cqOff.tail)
-	rg.cqMask = *u32(rg.cqMem, p.cqOff.ringMask)
-	rg.cqes = unsafe.Slice((*cqe)(unsafe.Pointer(&rg.cqMem[p.cqOff.cqes])), p.cqEntries)
-	rg.tail = atomic.LoadUint32(rg.sqTail)
 	// At most as many in flight as the submission queue holds (minus the
 	// eventfd read), so that every queued operation has an SQE; the
 	// completion queue is twice as deep and cannot overflow.
-	rg.maxOps = int(p.sqEntries) - 1
-	return rg, nil
-}
-
-func (rg *ring) unmap() {
-	if rg.sqeMem != nil {
-		unix.Munmap(rg.sqeMem)
-	}
-	if rg.cqMem != nil && unsafe.SliceData(rg.cqMem) != unsafe.SliceData(rg.sqMem) {
-		unix.Munmap(rg.cqMem)
-	}
-	if rg.sqMem != nil {
-		unix.Munmap(rg.sqMem)
-	}
-	rg.sqeMem, rg.cqMem, rg.sqMem = nil, nil, nil
-	unix.Close(rg.fd)
+	return &ring{Ring: r, maxOps: int(r.SQEntries()) - 1}, nil
 }
 
 // push writes o's SQE into a free slot.
@@ -365,72 +237,54 @@ func (rg *ring) push(o *op) {
 		rg.slots = append(rg.slots, nil)
 	}
 	rg.slots[slot] = o
-	rg.put(sqe{opcode: o.opcode, fd: o.fd, off: uint64(o.off),
-		addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(o.buf)))), len: uint32(len(o.buf)), userData: slot})
+	rg.Put(iouring.SQE{Opcode: o.opcode, Fd: o.fd, Off: uint64(o.off),
+		Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(o.buf)))), Len: uint32(len(o.buf)), UserData: slot})
 }
 
 // armWake queues the read of the eventfd that wakes the owner.
 func (rg *ring) armWake(efd int) {
-	rg.put(sqe{opcode: opRead, fd: int32(efd), addr: uint64(uintptr(unsafe.Pointer(&rg.efdBuf[0]))),
-		len: uint32(len(rg.efdBuf)), off: ^uint64(0), userData: wakeTag})
+	rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(efd), Addr: uint64(uintptr(unsafe.Pointer(&rg.efdBuf[0]))),
+		Len: uint32(len(rg.efdBuf)), Off: ^uint64(0), UserData: wakeTag})
 	rg.wakeArmed = true
 }
 
-func (rg *ring) put(e sqe) {
-	i := rg.tail & rg.sqMask
-	rg.sqes[i] = e
-	rg.sqArray[i] = i
-	rg.tail++
-}
-
-// enter publishes the written SQEs, submits them and, with wait, sleeps
-// until at least one completion is ready. Without wait it still runs the
-// deferred completions, so reap finds them.
+// enter submits the written SQEs and, with wait, sleeps until at least
+// one completion is ready. Without wait it still runs the deferred
+// completions, so reap finds them.
 //
 // An error other than EINTR, EAGAIN or EBUSY means the ring itself is
 // broken (a bad descriptor or address of ours): the kernel still owns the
 // buffers of the operations in flight, so neither failing them nor waiting
 // for them is safe, and enter panics.
 func (rg *ring) enter(wait bool) {
-	atomic.StoreUint32(rg.sqTail, rg.tail)
-	minComplete := uintptr(0)
-	if wait {
-		minComplete = 1
-	}
 	for {
-		toSubmit := rg.tail - atomic.LoadUint32(rg.sqHead)
-		_, _, errno := unix.Syscall6(sysEnter, uintptr(rg.fd), uintptr(toSubmit), minComplete, enterGetevents, 0, 0)
-		switch errno {
-		case 0:
+		switch err := rg.Enter(wait); err {
+		case nil:
 			return
 		case unix.EINTR:
-			if atomic.LoadUint32(rg.sqHead) != rg.tail {
+			if rg.Pending() != 0 {
 				continue
 			}
 			return // submitted; the serve loop comes back for completions
 		case unix.EAGAIN, unix.EBUSY:
 			return // short of resources: reap, then submit the rest
 		default:
-			panic(fmt.Sprintf("uring: io_uring_enter(%d, %d, %d, GETEVENTS): %v", rg.fd, toSubmit, minComplete, errno))
+			panic(fmt.Sprintf("uring: io_uring_enter(wait %v): %v", wait, err))
 		}
 	}
 }
 
 // reap hands every ready completion to its operation.
-func (rg *ring) reap(efd int) {
-	head := atomic.LoadUint32(rg.cqHead)
-	tail := atomic.LoadUint32(rg.cqTail)
-	for ; head != tail; head++ {
-		c := rg.cqes[head&rg.cqMask]
-		if c.userData == wakeTag {
+func (rg *ring) reap() {
+	rg.Reap(func(c iouring.CQE) {
+		if c.UserData == wakeTag {
 			rg.wakeArmed = false
-			continue
+			return
 		}
-		o := rg.slots[c.userData]
-		rg.slots[c.userData] = nil
-		rg.free = append(rg.free, c.userData)
-		o.res = c.res
+		o := rg.slots[c.UserData]
+		rg.slots[c.UserData] = nil
+		rg.free = append(rg.free, c.UserData)
+		o.res = c.Res
 		o.done <- struct{}{}
-	}
-	atomic.StoreUint32(rg.cqHead, head)
+	})
 }
