@@ -209,11 +209,17 @@ func possibleCPUs() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("possible CPUs: %w", err)
 	}
-	s := strings.TrimSpace(string(b))
+	return parseCPUList(string(b))
+}
+
+// parseCPUList returns one more than the highest CPU of a kernel CPU list
+// ("0-1", "0", "0-3,6-7").
+func parseCPUList(s string) (int, error) {
+	s = strings.TrimSpace(s)
 	last := s[strings.LastIndexAny(s, ",-")+1:]
 	n, err := strconv.Atoi(last)
-	if err != nil {
-		return 0, fmt.Errorf("possible CPUs %q: %w", s, err)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("possible CPUs %q: not a CPU list", s)
 	}
 	return n + 1, nil
 }
