@@ -59,7 +59,8 @@ type Options struct {
 	FsName string
 
 	// Transport picks io_uring or /dev/fuse; "" (auto) uses io_uring when
-	// the kernel offers it.
+	// the kernel offers it, turning the fuse module's enable_uring on when
+	// running as root.
 	Transport Transport
 
 	// pageCache makes buffered (non-O_DIRECT) opens use the kernel page

@@ -16,7 +16,8 @@ import (
 type Transport string
 
 const (
-	// TransportAuto uses io_uring when the kernel offers it, else /dev/fuse.
+	// TransportAuto uses io_uring when the kernel offers it (as root, after
+	// turning the fuse module's enable_uring on), else /dev/fuse.
 	TransportAuto Transport = ""
 	// TransportIOURing requires FUSE-over-io_uring (turning on the fuse
 	// module's enable_uring parameter if it is off, which needs root).

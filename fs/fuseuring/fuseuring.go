@@ -143,9 +143,9 @@ func Enable() error {
 
 // Start registers the queues of the connection whose /dev/fuse descriptor
 // is fd and serves them with ps. The Transport owns fd from then on, also
-// when Start fails. The connection must have
-// finished INIT with fuse.CAP_OVER_IO_URING agreed, and ps must have seen
-// the same INIT (see InitProtocolServer).
+// when Start fails. The connection must have finished INIT with
+// fuse.CAP_OVER_IO_URING agreed, and ps must have seen the same INIT (see
+// InitProtocolServer).
 func Start(fd int, ps *fuse.ProtocolServer, opts Options) (*Transport, error) {
 	if opts.Depth <= 0 {
 		opts.Depth = 64
