@@ -55,7 +55,10 @@
 // pwrite on the caller's thread with either engine (see EngineIOUring for
 // the measurement).
 // EngineAuto, the default, takes io_uring when the kernel gives one and
-// falls back to pread (EngineOf says which, and why). Flush, Discard and
+// falls back to pread (EngineOf says which, and why). A mount served over
+// FUSE-over-io_uring opens its store with pread instead (fs.StoreEngine):
+// there the request already arrives on a ring, and a second ring per read
+// measured slower. Flush, Discard and
 // WriteZeroes are system calls on the caller's thread with either engine;
 // a WriteAt has completed (its CQE is reaped) before it returns, so a
 // later Flush covers it.

@@ -98,7 +98,6 @@ type Ring struct {
 	cqes           []CQE
 	tail           uint32 // SQEs written; published to *sqTail by Enter
 	sqEntries      uint32
-	cqEntries      uint32
 }
 
 // Setup creates a ring with room for entries SQEs (rounded up to a power of
@@ -114,7 +113,7 @@ func Setup(entries, cqEntries, flags uint32) (*Ring, error) {
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}
-	r := &Ring{fd: int(fd), entrySize: sqeSize, sqEntries: p.sqEntries, cqEntries: p.cqEntries}
+	r := &Ring{fd: int(fd), entrySize: sqeSize, sqEntries: p.sqEntries}
 	if flags&SetupSQE128 != 0 {
 		r.entrySize = 2 * sqeSize
 	}
@@ -151,9 +150,8 @@ func Setup(entries, cqEntries, flags uint32) (*Ring, error) {
 	return r, nil
 }
 
-// SQEntries and CQEntries are the queue sizes the kernel chose.
+// SQEntries is the submission queue size the kernel chose.
 func (r *Ring) SQEntries() uint32 { return r.sqEntries }
-func (r *Ring) CQEntries() uint32 { return r.cqEntries }
 
 // Pending is how many SQEs have been written and not yet consumed by the
 // kernel; Next must not be called when it equals SQEntries.
