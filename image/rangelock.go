@@ -52,6 +52,27 @@ func (l *rangeLock) lock(first, count uint64, exclusive bool) lockedRange {
 		l.cond.Wait()
 		l.waiters--
 	}
+	return l.addLocked(first, end, exclusive)
+}
+
+// tryLock is lock without waiting: ok is false, and nothing is held, when
+// the range conflicts with a held one.
+func (l *rangeLock) tryLock(first, count uint64, exclusive bool) (r lockedRange, ok bool) {
+	end := first + count
+	if end < first {
+		end = ^uint64(0)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conflicts(first, end, exclusive) {
+		return lockedRange{}, false
+	}
+	return l.addLocked(first, end, exclusive), true
+}
+
+// addLocked records a held range. Caller holds l.mu and has checked that it
+// does not conflict.
+func (l *rangeLock) addLocked(first, end uint64, exclusive bool) lockedRange {
 	id := uint64(0)
 	for _, h := range l.held {
 		id = max(id, h.id)

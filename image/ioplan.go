@@ -1,0 +1,180 @@
+package image
+
+import (
+	"time"
+
+	"github.com/vdiskfs/vdiskfs/coalesce"
+	"github.com/vdiskfs/vdiskfs/image/backend"
+)
+
+// An IOPlan is a disk read or overwrite turned into I/O on the store's
+// backing that the caller issues itself: the FUSE io_uring transport
+// submits it on its own ring, so that no thread waits in pread or pwrite.
+//
+// Between a successful PlanRead or PlanWrite and Finish or Abort, the plan
+// holds the disk's range as ReadAt and WriteAt do across their backend I/O
+// (shared for a read, exclusive for a write): no conflicting write, punch
+// or truncate runs, and the blocks cannot be freed and given to another
+// disk while the caller's I/O is in flight. The caller must call Finish or
+// Abort once every I/O it issued has completed, and must keep the handle
+// open until then: closing the last handle of an unlinked disk frees its
+// blocks without waiting for plans.
+//
+// An IOPlan is reused from request to request by one goroutine; its zero
+// value is ready.
+type IOPlan struct {
+	// FD is the backing's O_DIRECT descriptor and IOs the I/O to issue on
+	// it: reads into, or writes from, the buffer given to the Plan call.
+	// When every one has transferred all of its Buf, the request is done:
+	// N bytes of the disk (N < len(p) for a read at the disk's end).
+	FD  int
+	IOs []BackingIO
+	N   int
+
+	write bool
+	d     *disk
+	lr    lockedRange
+	held  bool // lr is held
+	sc    *scratch
+	start time.Time
+}
+
+// BackingIO is one I/O of an IOPlan: len(Buf) bytes at Off of the backing.
+type BackingIO struct {
+	Off int64
+	Buf []byte
+}
+
+// PlanRead plans the read of len(p) bytes at off into p, like ReadAt. Holes
+// are zeroed in p at once. It returns false, with nothing held, when the
+// read does not fit a plan, and ReadAt should serve it: the range or p is
+// not aligned for O_DIRECT (also where the disk ends), it would take more
+// than maxIOs backing reads, the backing has no descriptor, the handle is
+// closed, or a write, punch or truncate holds part of the range (PlanRead
+// never waits).
+func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
+	return h.plan(pl, p, off, maxIOs, false)
+}
+
+// PlanWrite plans the overwrite of len(p) bytes at off from p, like
+// WriteAt. It returns false, with nothing held, where WriteAt should serve
+// the write instead: as for PlanRead, and also when a block of the range
+// is not mapped yet (allocation journals), the write ends past the disk's
+// size, the store takes no writes, or any request holds part of the range.
+func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
+	return h.plan(pl, p, off, maxIOs, true)
+}
+
+func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write bool) bool {
+	d, s := h.d, h.d.s
+	desc, ok := s.be.(backend.Descriptor)
+	if !ok || checkRange(off, int64(len(p))) != nil || len(p) == 0 || !coalesce.IsAligned(p) {
+		return false
+	}
+	bs := s.bs
+	d.mu.RLock()
+	size := d.attr.Size
+	d.mu.RUnlock()
+	n := min(int64(len(p)), size-off)
+	if n <= 0 || uint64(off)%bs != 0 || uint64(n)%bs != 0 || write && n != int64(len(p)) {
+		return false // EOF, partial blocks and growing writes: ReadAt's and WriteAt's business
+	}
+	if write && s.writable() != nil {
+		return false
+	}
+	first, count := coalesce.BlockRange(uint64(off), uint64(n), bs)
+	lr, ok := d.ranges.tryLock(first, count, write)
+	if !ok {
+		return false
+	}
+	if h.live() != nil {
+		lr.unlock()
+		return false
+	}
+	sc := getScratch()
+	d.mu.RLock()
+	sc.segs = d.m.Lookup(sc.segs, first, count)
+	size = d.attr.Size
+	d.mu.RUnlock()
+	sc.runs = coalesce.Runs(sc.runs[:0], sc.segs, first, bs, maxRunBytes/bs)
+	fd := desc.FD()
+	if len(sc.runs) > maxIOs || fd < 0 || off+n > size || write && hasHole(sc) {
+		putScratch(sc)
+		lr.unlock()
+		return false
+	}
+	c := s.stats.shard(sc)
+	countLookup(c, sc.segs)
+	countCoalesce(c, sc.segs, sc.runs)
+	buf := p[:n]
+	for _, sg := range sc.segs {
+		if sg.Hole {
+			lo := (sg.Virt - first) * bs
+			clear(buf[lo:min(lo+sg.Len*bs, uint64(n))])
+		}
+	}
+	pl.FD, pl.N, pl.IOs = fd, int(n), pl.IOs[:0]
+	for _, r := range sc.runs {
+		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(n))]
+		pl.IOs = append(pl.IOs, BackingIO{Off: s.dataOff + int64(r.Phys*bs), Buf: b})
+	}
+	pl.write, pl.d, pl.lr, pl.held, pl.sc, pl.start = write, d, lr, true, sc, time.Now()
+	return true
+}
+
+func hasHole(sc *scratch) bool {
+	for _, sg := range sc.segs {
+		if sg.Hole {
+			return true
+		}
+	}
+	return false
+}
+
+// Finish ends a plan whose I/O all completed in full: it counts the
+// request as ReadAt or WriteAt would (a write also dirties the store for
+// the next flush and sets the disk's mtime) and releases the range.
+func (pl *IOPlan) Finish() {
+	if !pl.held {
+		return
+	}
+	d, sc := pl.d, pl.sc
+	c := d.s.stats.shard(sc)
+	dc := d.counters.shard(sc)
+	if pl.write {
+		for _, io := range pl.IOs {
+			c.DataWriteLatency.observeSince(pl.start)
+			c.DataWriteSize.Observe(uint64(len(io.Buf)))
+		}
+		d.s.writeGen.Add(1)
+		d.touch()
+		c.WriteRequestSize.Observe(uint64(pl.N))
+		dc.writes.Add(1)
+		dc.writeBytes.Add(uint64(pl.N))
+	} else {
+		for _, io := range pl.IOs {
+			c.DataReadLatency.observeSince(pl.start)
+			c.DataReadSize.Observe(uint64(len(io.Buf)))
+		}
+		c.ReadRequestSize.Observe(uint64(pl.N))
+		dc.reads.Add(1)
+		dc.readBytes.Add(uint64(pl.N))
+	}
+	pl.Abort()
+}
+
+// Abort releases a plan without counting it: an I/O failed, and the caller
+// serves the request again with ReadAt or WriteAt, which count and report.
+// (A failed overwrite may have changed some of its blocks, as a failed
+// WriteAt may.)
+func (pl *IOPlan) Abort() {
+	if !pl.held {
+		return
+	}
+	pl.held = false
+	pl.lr.unlock()
+	putScratch(pl.sc)
+	pl.d, pl.sc, pl.lr = nil, nil, lockedRange{}
+	clear(pl.IOs) // let go of the caller's buffers
+	pl.IOs = pl.IOs[:0]
+}

@@ -1,0 +1,124 @@
+package image
+
+import (
+	"bytes"
+	"path/filepath"
+	"testing"
+
+	"github.com/ncw/directio"
+	"golang.org/x/sys/unix"
+)
+
+// TestPlanRead: a plan's backing reads, issued by hand on its descriptor,
+// give what ReadAt gives (data, holes, punched blocks); the plan holds its
+// range shared until Finish or Abort, so a write or punch of it cannot
+// start meanwhile, and PlanRead declines instead of waiting when one holds
+// the range; reads it cannot plan are declined with nothing held.
+func TestPlanRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.img")
+	if err := FormatPath(path, 256<<20, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenPath(path, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	h := mustCreate(t, s, "a", 8<<20)
+	defer h.Close()
+	bs := int64(s.BlockSize())
+
+	data := directio.AlignedBlock(4 << 20)
+	for i := range data {
+		data[i] = byte(i/int(bs)*7 + 1)
+	}
+	if _, err := h.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Punch(5*bs, 3*bs); err != nil {
+		t.Fatal(err)
+	}
+
+	var rp IOPlan
+	for _, c := range []struct{ off, n int64 }{
+		{0, bs}, {2 * bs, 1 << 20}, {4*bs + 0, 6 * bs}, {(4 << 20) - 2*bs, 4 * bs}, {6 << 20, 1 << 20},
+	} {
+		got := directio.AlignedBlock(int(c.n))
+		for i := range got {
+			got[i] = 0xAA // holes must be zeroed by PlanRead
+		}
+		if !h.PlanRead(&rp, got, c.off, 8) {
+			t.Fatalf("read %d at %d: not planned", c.n, c.off)
+		}
+		for _, io := range rp.IOs {
+			if n, err := unix.Pread(rp.FD, io.Buf, io.Off); err != nil || n != len(io.Buf) {
+				t.Fatalf("backing read %d at %d: %d, %v", len(io.Buf), io.Off, n, err)
+			}
+		}
+		first, count := uint64(c.off/bs), uint64(c.n/bs)
+		if _, ok := h.d.ranges.tryLock(first, count, true); ok {
+			t.Fatalf("read %d at %d: a write could lock the range of an open plan", c.n, c.off)
+		}
+		rp.Finish()
+		lr, ok := h.d.ranges.tryLock(first, count, true)
+		if !ok {
+			t.Fatalf("read %d at %d: range still held after Finish", c.n, c.off)
+		}
+		lr.unlock()
+
+		want := make([]byte, c.n)
+		if _, err := h.ReadAt(want, c.off); err != nil {
+			t.Fatal(err)
+		}
+		if rp.N != int(c.n) || !bytes.Equal(got, want) {
+			t.Fatalf("read %d at %d: plan gave %d bytes that differ from ReadAt's", c.n, c.off, rp.N)
+		}
+	}
+
+	// Declined, with nothing held.
+	buf := directio.AlignedBlock(int(2 * bs))
+	lr := h.d.ranges.lock(10, 1, true) // a write in progress
+	if h.PlanRead(&rp, buf, 9*bs, 8) {
+		t.Fatal("planned a read of a range a write holds")
+	}
+	lr.unlock()
+	for _, c := range []struct {
+		what string
+		p    []byte
+		off  int64
+		max  int
+	}{
+		{"unaligned offset", buf, 100, 8},
+		{"unaligned buffer", directio.AlignedBlock(int(3 * bs))[1 : 2*bs+1], 0, 8},
+		{"at the end", buf, 8 << 20, 8},
+		{"too many backing reads", directio.AlignedBlock(int(6 * bs)), 3 * bs, 1}, // data, hole, data
+	} {
+		if h.PlanRead(&rp, c.p, c.off, c.max) {
+			t.Fatalf("%s: planned", c.what)
+		}
+	}
+	if lr, ok := h.d.ranges.tryLock(0, ^uint64(0), true); !ok {
+		t.Fatal("a declined plan left a range held")
+	} else {
+		lr.unlock()
+	}
+	// Abort releases too.
+	if !h.PlanRead(&rp, buf, 0, 8) {
+		t.Fatal("not planned")
+	}
+	rp.Abort()
+	if lr, ok := h.d.ranges.tryLock(0, ^uint64(0), true); !ok {
+		t.Fatal("Abort left the range held")
+	} else {
+		lr.unlock()
+	}
+	// A closed handle plans nothing.
+	h2, err := s.OpenDisk("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2.Close()
+	if h2.PlanRead(&rp, buf, 0, 8) {
+		t.Fatal("planned a read on a closed handle")
+	}
+}
