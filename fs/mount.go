@@ -76,9 +76,10 @@ type Server struct {
 	root       *rootNode
 	mountpoint string
 	log        logrus.FieldLogger
-	done       chan struct{} // closed when serving has ended
-	transport  string        // "io_uring" or "dev", as serving
-	unmountMu  sync.Mutex    // serialises Unmount calls
+	done       chan struct{}        // closed when serving has ended
+	transport  string               // "io_uring" or "dev", as serving
+	ring       *fuseuring.Transport // nil on /dev/fuse; set before Mount returns
+	unmountMu  sync.Mutex           // serialises Unmount calls
 }
 
 // Mount serves store at mountpoint and returns once the kernel has the mount.
@@ -134,7 +135,10 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 		AttrTimeout:     &at,
 		NullPermissions: true, // mode 0000 is a mode, not "unset"
 		RootStableAttr:  &gofs.StableAttr{Ino: fuse.FUSE_ROOT_ID},
-		Logger:          log.New(logWriter{lg.WithField("component", "go-fuse"), logrus.WarnLevel}, "", 0),
+		// Node ids are inode numbers (a disk's store id, never reused), so
+		// that the io_uring queues can tell a READ's disk (ownerIO).
+		ExternalNodeID: true,
+		Logger:         log.New(logWriter{lg.WithField("component", "go-fuse"), logrus.WarnLevel}, "", 0),
 	}
 	timed := newTimedFS(gofs.NewNodeFS(root, fo))
 	srv, err := fuse.NewServer(timed, mountpoint, &fo.MountOptions)
@@ -156,9 +160,10 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 	}()
 	var ring *fuseuring.Transport
 	if useRing {
-		ring, noRing = startIOURing(srv, timed, &fo.MountOptions, fuseuring.Options{MaxWrite: maxWrite, Logger: lg})
+		ring, noRing = startIOURing(srv, timed, &fo.MountOptions, fuseuring.Options{MaxWrite: maxWrite, Logger: lg,
+			IO: ownerIO{v: v, timed: timed}})
 		if noRing == nil {
-			s.transport = string(TransportIOURing)
+			s.transport, s.ring = string(TransportIOURing), ring
 		}
 	}
 	ringc <- ring

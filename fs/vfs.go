@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -30,9 +31,16 @@ type vfs struct {
 		// files are the open handles, so that a node can find one for a
 		// request the kernel sends without a handle, and so that handles
 		// still open when serving ends are closed.
-		files  map[*diskFile]struct{}
+		files map[*diskFile]struct{}
+		// byIno are the same handles by inode number, which is the FUSE
+		// node id (ExternalNodeID), for the reads the io_uring queues
+		// serve themselves (ownerIO).
+		byIno  map[uint64][]*diskFile
 		closed bool // serving ended; no handle is registered any more
 	}
+	// unpinned is signalled, with mu, when a file's last pin goes and its
+	// Release waits for that.
+	unpinned *sync.Cond
 }
 
 // Open flags: see doc.go, "Settings" and "Buffered opens".
@@ -65,6 +73,8 @@ func newVFS(store *image.Store, lg logrus.FieldLogger, opts Options) *vfs {
 		v.bufferedFlags = pageCacheOpenFlags
 	}
 	v.mu.files = make(map[*diskFile]struct{})
+	v.mu.byIno = make(map[uint64][]*diskFile)
+	v.unpinned = sync.NewCond(&v.mu)
 	return v
 }
 
@@ -76,11 +86,14 @@ func (v *vfs) register(f *diskFile) bool {
 		return false
 	}
 	v.mu.files[f] = struct{}{}
+	ino := inoOf(f.node.id)
+	v.mu.byIno[ino] = append(v.mu.byIno[ino], f)
 	return true
 }
 
-// unregister forgets an open handle; false if it was not registered (it
-// was closed by closeAll already).
+// unregister forgets an open handle, and waits until no read in flight
+// has it pinned, so that the caller may close it; false if it was not
+// registered (it was closed by closeAll already).
 func (v *vfs) unregister(f *diskFile) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -88,7 +101,39 @@ func (v *vfs) unregister(f *diskFile) bool {
 		return false
 	}
 	delete(v.mu.files, f)
+	ino := inoOf(f.node.id)
+	open := slices.DeleteFunc(v.mu.byIno[ino], func(g *diskFile) bool { return g == f })
+	if len(open) == 0 {
+		delete(v.mu.byIno, ino)
+	} else {
+		v.mu.byIno[ino] = open
+	}
+	for f.pins > 0 {
+		v.unpinned.Wait()
+	}
 	return true
+}
+
+// pin returns an open handle of the disk whose inode number is ino, kept
+// open until unpin; nil if it has none.
+func (v *vfs) pin(ino uint64) *diskFile {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	open := v.mu.byIno[ino]
+	if len(open) == 0 {
+		return nil
+	}
+	f := open[0]
+	f.pins++
+	return f
+}
+
+func (v *vfs) unpin(f *diskFile) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if f.pins--; f.pins == 0 {
+		v.unpinned.Broadcast()
+	}
 }
 
 // withOpenHandle runs fn on a handle of an open file of node n, if there
@@ -112,7 +157,7 @@ func (v *vfs) withOpenHandle(n *diskNode, fn func(*image.Disk) error) (bool, err
 func (v *vfs) closeAll() {
 	v.mu.Lock()
 	files := v.mu.files
-	v.mu.files = nil
+	v.mu.files, v.mu.byIno = nil, nil
 	v.mu.closed = true
 	v.mu.Unlock()
 	for f := range files {

@@ -1,0 +1,73 @@
+package fs
+
+import (
+	"math"
+	"time"
+
+	"github.com/vdiskfs/vdiskfs/fs/fuseuring"
+	"github.com/vdiskfs/vdiskfs/image"
+)
+
+// ownerIO lets the FUSE-over-io_uring queues serve READ and WRITE requests
+// on their owner threads (fuseuring.IOServer): the request is planned
+// against the disk's map (image.Disk.PlanRead, PlanWrite) and its backing
+// I/O goes on the queue's own ring with the replies, so it costs no
+// goroutine hand-off and no thread blocked in pread or pwrite. What cannot
+// be planned without waiting (allocating writes, unaligned I/O, ranges
+// held by other requests) takes the usual path through go-fuse.
+//
+// The kernel's request names the node (the disk's inode number, as the
+// mount uses ExternalNodeID) and the file handle; go-fuse keeps the handle
+// to itself, so the request uses any open handle of the disk, pinned so
+// that its Release waits for the request.
+type ownerIO struct {
+	v     *vfs
+	timed *timedFS
+}
+
+func (o ownerIO) NewIO() fuseuring.IO { return &ownerRequest{v: o.v, timed: o.timed} }
+
+// ownerRequest is one ring entry's request; only its queue's owner uses it.
+type ownerRequest struct {
+	v     *vfs
+	timed *timedFS
+	plan  image.IOPlan
+	op    string    // "READ" or "WRITE", for the latency histograms
+	file  *diskFile // pinned between Start and End
+	start time.Time
+}
+
+func (r *ownerRequest) Start(nodeID, off uint64, buf []byte, write bool, maxIOs int) bool {
+	if off > math.MaxInt64 {
+		return false
+	}
+	f := r.v.pin(nodeID)
+	if f == nil {
+		return false
+	}
+	planned := false
+	if write {
+		planned, r.op = f.disk.PlanWrite(&r.plan, buf, int64(off), maxIOs), "WRITE"
+	} else {
+		planned, r.op = f.disk.PlanRead(&r.plan, buf, int64(off), maxIOs), "READ"
+	}
+	if !planned {
+		r.v.unpin(f)
+		return false
+	}
+	r.file, r.start = f, time.Now()
+	return true
+}
+
+func (r *ownerRequest) Plan() *image.IOPlan { return &r.plan }
+
+func (r *ownerRequest) End(ok bool) {
+	if ok {
+		r.plan.Finish()
+		r.timed.since(r.op, r.start)
+	} else {
+		r.plan.Abort()
+	}
+	r.v.unpin(r.file)
+	r.file = nil
+}
