@@ -55,7 +55,9 @@
 //
 // The range lock orders overlapping requests on one disk (shared for reads,
 // exclusive for writes, punches and truncates) and is the only lock held
-// across backend data I/O. commitMu is held across metadata I/O, which only
+// across backend data I/O; an IOPlan (PlanRead, PlanWrite) holds it, taken
+// without waiting, while its caller's own I/O is in flight, from the plan
+// to Finish or Abort. commitMu is held across metadata I/O, which only
 // commits and checkpoints do. Store.cut is taken shared by every change of
 // state together with its journal records, and exclusively by a
 // checkpoint's capture and by Check, which therefore see one consistent cut.
