@@ -41,10 +41,7 @@ func newRangeLock() *rangeLock {
 // lock acquires blocks [first, first+count), count > 0; count may run to
 // the end of the block space (truncate).
 func (l *rangeLock) lock(first, count uint64, exclusive bool) lockedRange {
-	end := first + count
-	if end < first {
-		end = ^uint64(0)
-	}
+	end := rangeEnd(first, count)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for l.conflicts(first, end, exclusive) {
@@ -58,16 +55,22 @@ func (l *rangeLock) lock(first, count uint64, exclusive bool) lockedRange {
 // tryLock is lock without waiting: ok is false, and nothing is held, when
 // the range conflicts with a held one.
 func (l *rangeLock) tryLock(first, count uint64, exclusive bool) (r lockedRange, ok bool) {
-	end := first + count
-	if end < first {
-		end = ^uint64(0)
-	}
+	end := rangeEnd(first, count)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.conflicts(first, end, exclusive) {
 		return lockedRange{}, false
 	}
 	return l.addLocked(first, end, exclusive), true
+}
+
+// rangeEnd is the end of blocks [first, first+count), clamped to the end
+// of the block space.
+func rangeEnd(first, count uint64) uint64 {
+	if end := first + count; end >= first {
+		return end
+	}
+	return ^uint64(0)
 }
 
 // addLocked records a held range. Caller holds l.mu and has checked that it
