@@ -28,14 +28,12 @@ type vfs struct {
 
 	mu struct {
 		sync.Mutex
-		// files are the open handles, so that a node can find one for a
-		// request the kernel sends without a handle, and so that handles
-		// still open when serving ends are closed.
-		files map[*diskFile]struct{}
-		// byIno are the same handles by inode number, which is the FUSE
-		// node id (ExternalNodeID), for the reads the io_uring queues
-		// serve themselves (ownerIO).
-		byIno  map[uint64][]*diskFile
+		// files are the open handles by inode number, which is the FUSE
+		// node id (ExternalNodeID): so that a node can find one for a
+		// request the kernel sends without a handle, so that the requests
+		// the io_uring queues serve themselves find one (ownerIO), and so
+		// that handles still open when serving ends are closed.
+		files  map[uint64][]*diskFile
 		closed bool // serving ended; no handle is registered any more
 	}
 	// unpinned is signalled, with mu, when a file's last pin goes and its
@@ -72,8 +70,7 @@ func newVFS(store *image.Store, lg logrus.FieldLogger, opts Options) *vfs {
 	if opts.pageCache {
 		v.bufferedFlags = pageCacheOpenFlags
 	}
-	v.mu.files = make(map[*diskFile]struct{})
-	v.mu.byIno = make(map[uint64][]*diskFile)
+	v.mu.files = make(map[uint64][]*diskFile)
 	v.unpinned = sync.NewCond(&v.mu)
 	return v
 }
@@ -85,9 +82,8 @@ func (v *vfs) register(f *diskFile) bool {
 	if v.mu.closed {
 		return false
 	}
-	v.mu.files[f] = struct{}{}
 	ino := inoOf(f.node.id)
-	v.mu.byIno[ino] = append(v.mu.byIno[ino], f)
+	v.mu.files[ino] = append(v.mu.files[ino], f)
 	return true
 }
 
@@ -97,16 +93,16 @@ func (v *vfs) register(f *diskFile) bool {
 func (v *vfs) unregister(f *diskFile) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if _, ok := v.mu.files[f]; !ok {
+	ino := inoOf(f.node.id)
+	open := v.mu.files[ino]
+	i := slices.Index(open, f)
+	if i < 0 {
 		return false
 	}
-	delete(v.mu.files, f)
-	ino := inoOf(f.node.id)
-	open := slices.DeleteFunc(v.mu.byIno[ino], func(g *diskFile) bool { return g == f })
-	if len(open) == 0 {
-		delete(v.mu.byIno, ino)
+	if open = slices.Delete(open, i, i+1); len(open) == 0 {
+		delete(v.mu.files, ino)
 	} else {
-		v.mu.byIno[ino] = open
+		v.mu.files[ino] = open
 	}
 	for f.pins > 0 {
 		v.unpinned.Wait()
@@ -119,7 +115,7 @@ func (v *vfs) unregister(f *diskFile) bool {
 func (v *vfs) pin(ino uint64) *diskFile {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	open := v.mu.byIno[ino]
+	open := v.mu.files[ino]
 	if len(open) == 0 {
 		return nil
 	}
@@ -136,17 +132,15 @@ func (v *vfs) unpin(f *diskFile) {
 	}
 }
 
-// withOpenHandle runs fn on a handle of an open file of node n, if there
+// withOpenHandle runs fn on a handle of an open file of n's disk, if there
 // is one; the handle stays open while fn runs. For requests that come
 // without a file handle on a disk that has lost its name (unlinked while
 // open).
 func (v *vfs) withOpenHandle(n *diskNode, fn func(*image.Disk) error) (bool, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for f := range v.mu.files {
-		if f.node == n {
-			return true, fn(f.disk)
-		}
+	if open := v.mu.files[inoOf(n.id)]; len(open) > 0 {
+		return true, fn(open[0].disk)
 	}
 	return false, nil
 }
@@ -157,16 +151,20 @@ func (v *vfs) withOpenHandle(n *diskNode, fn func(*image.Disk) error) (bool, err
 func (v *vfs) closeAll() {
 	v.mu.Lock()
 	files := v.mu.files
-	v.mu.files, v.mu.byIno = nil, nil
+	v.mu.files = nil
 	v.mu.closed = true
 	v.mu.Unlock()
-	for f := range files {
-		if err := f.disk.Close(); err != nil {
-			v.log.WithError(err).WithField("disk_id", f.node.id).Warn("closing a disk left open at unmount")
+	n := 0
+	for _, open := range files {
+		for _, f := range open {
+			if err := f.disk.Close(); err != nil {
+				v.log.WithError(err).WithField("disk_id", f.node.id).Warn("closing a disk left open at unmount")
+			}
+			n++
 		}
 	}
-	if len(files) > 0 {
-		v.log.WithField("handles", len(files)).Info("closed disk handles left open at unmount")
+	if n > 0 {
+		v.log.WithField("handles", n).Info("closed disk handles left open at unmount")
 	}
 }
 
