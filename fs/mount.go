@@ -136,7 +136,7 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 		NullPermissions: true, // mode 0000 is a mode, not "unset"
 		RootStableAttr:  &gofs.StableAttr{Ino: fuse.FUSE_ROOT_ID},
 		// Node ids are inode numbers (a disk's store id, never reused), so
-		// that the io_uring queues can tell a READ's disk (ownerIO).
+		// that the io_uring queues can tell a request's disk (ownerIO).
 		ExternalNodeID: true,
 		Logger:         log.New(logWriter{lg.WithField("component", "go-fuse"), logrus.WarnLevel}, "", 0),
 	}

@@ -87,8 +87,8 @@ func (v *vfs) register(f *diskFile) bool {
 	return true
 }
 
-// unregister forgets an open handle, and waits until no read in flight
-// has it pinned, so that the caller may close it; false if it was not
+// unregister forgets an open handle, and waits until no owner request
+// (ownerIO) has it pinned, so that the caller may close it; false if it was not
 // registered (it was closed by closeAll already).
 func (v *vfs) unregister(f *diskFile) bool {
 	v.mu.Lock()

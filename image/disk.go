@@ -218,10 +218,7 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 	if !aligned {
 		copy(p, buf[uint64(off)-first*bs:])
 	}
-	c.ReadRequestSize.Observe(uint64(n))
-	dc := d.counters.shard(sc)
-	dc.reads.Add(1)
-	dc.readBytes.Add(uint64(n))
+	d.countRequest(sc, false, uint64(n))
 	if n < int64(len(p)) {
 		return int(n), io.EOF
 	}
@@ -233,12 +230,7 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 // into c.
 func (s *Store) readRuns(c *Shard, sc *scratch, buf []byte, first uint64) error {
 	bs := s.bs
-	for _, sg := range sc.segs {
-		if sg.Hole {
-			lo := (sg.Virt - first) * bs
-			clear(buf[lo:min(lo+sg.Len*bs, uint64(len(buf)))])
-		}
-	}
+	zeroHoles(buf, sc.segs, first, bs)
 	sc.runs = coalesce.Runs(sc.runs[:0], sc.segs, first, bs, maxRunBytes/bs)
 	countCoalesce(c, sc.segs, sc.runs)
 	for _, r := range sc.runs {
@@ -274,11 +266,34 @@ func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
 	if err := d.writeLocked(sc, p, off); err != nil {
 		return 0, err
 	}
-	d.s.stats.shard(sc).WriteRequestSize.Observe(uint64(len(p)))
-	dc := d.counters.shard(sc)
-	dc.writes.Add(1)
-	dc.writeBytes.Add(uint64(len(p)))
+	d.countRequest(sc, true, uint64(len(p)))
 	return len(p), nil
+}
+
+// countRequest counts one read or write request of n bytes, served, into
+// the store's and the disk's counter shards of sc.
+func (d *disk) countRequest(sc *scratch, write bool, n uint64) {
+	c, dc := d.s.stats.shard(sc), d.counters.shard(sc)
+	if write {
+		c.WriteRequestSize.Observe(n)
+		dc.writes.Add(1)
+		dc.writeBytes.Add(n)
+	} else {
+		c.ReadRequestSize.Observe(n)
+		dc.reads.Add(1)
+		dc.readBytes.Add(n)
+	}
+}
+
+// zeroHoles clears the parts of buf (covering virtual blocks from first on)
+// that segs say are holes.
+func zeroHoles(buf []byte, segs []blockmap.Segment, first, bs uint64) {
+	for _, sg := range segs {
+		if sg.Hole {
+			lo := (sg.Virt - first) * bs
+			clear(buf[lo:min(lo+sg.Len*bs, uint64(len(buf)))])
+		}
+	}
 }
 
 // writeLocked is WriteAt with the range lock already held by the caller,

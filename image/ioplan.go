@@ -107,12 +107,7 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write bool) boo
 	countLookup(c, sc.segs)
 	countCoalesce(c, sc.segs, sc.runs)
 	buf := p[:n]
-	for _, sg := range sc.segs {
-		if sg.Hole {
-			lo := (sg.Virt - first) * bs
-			clear(buf[lo:min(lo+sg.Len*bs, uint64(n))])
-		}
-	}
+	zeroHoles(buf, sc.segs, first, bs)
 	pl.FD, pl.N, pl.IOs = fd, int(n), pl.IOs[:0]
 	for _, r := range sc.runs {
 		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(n))]
@@ -140,26 +135,20 @@ func (pl *IOPlan) Finish() {
 	}
 	d, sc := pl.d, pl.sc
 	c := d.s.stats.shard(sc)
-	dc := d.counters.shard(sc)
-	if pl.write {
-		for _, io := range pl.IOs {
+	for _, io := range pl.IOs {
+		if pl.write {
 			c.DataWriteLatency.observeSince(pl.start)
 			c.DataWriteSize.Observe(uint64(len(io.Buf)))
-		}
-		d.s.writeGen.Add(1)
-		d.touch()
-		c.WriteRequestSize.Observe(uint64(pl.N))
-		dc.writes.Add(1)
-		dc.writeBytes.Add(uint64(pl.N))
-	} else {
-		for _, io := range pl.IOs {
+		} else {
 			c.DataReadLatency.observeSince(pl.start)
 			c.DataReadSize.Observe(uint64(len(io.Buf)))
 		}
-		c.ReadRequestSize.Observe(uint64(pl.N))
-		dc.reads.Add(1)
-		dc.readBytes.Add(uint64(pl.N))
 	}
+	if pl.write {
+		d.s.writeGen.Add(1)
+		d.touch()
+	}
+	d.countRequest(sc, pl.write, uint64(pl.N))
 	pl.Abort()
 }
 

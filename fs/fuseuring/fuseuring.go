@@ -508,7 +508,7 @@ func (q *queue) serve(rg *iouring.Ring) {
 			}
 		})
 		if rg.Pending() > 0 {
-			// Backing reads just queued go to the device now, on their
+			// Backing I/O just queued goes to the device now, on its
 			// own, not in the next batch behind commits that each copy
 			// a reply.
 			if err := rg.Enter(false); err != nil && err != unix.EINTR && err != unix.EAGAIN && err != unix.EBUSY {
