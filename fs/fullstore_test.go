@@ -341,24 +341,16 @@ func TestFullStoreFragmented(t *testing.T) {
 // unmount closes the store cleanly, and everything is there after a
 // remount.
 //
-// Known bug (see knownBug): the reserve (image: ckptReserveLocked) is only
-// checked when data blocks are allocated, so these calls grow the next
-// checkpoint past it, and checkpointLocked allocates the checkpoint before
-// the quarantine is released. With the journal full, the commit's
-// checkpoint fails with ErrNoSpace ("checkpoint needs 11 blocks, 2 free"):
-// fsync answers ENOSPC, and so does every later fsync; the punched blocks
-// never come free (writes into the holes answer ENOSPC; deleting a disk
-// would not help either, its blocks go to the same quarantine); the close
-// at unmount fails the same way. Without fsync, the close alone fails
-// (Close checkpoints without committing through the journal first). After
-// a remount the store is clean, but the punches and creates are gone.
+// The journal keeps its last quarter for this: when the checkpoint has no
+// room, the records commit there, so the punched blocks come out of
+// quarantine and the next checkpoint fits; records that do not fit the
+// reserve in one commit go in parts, split between mutations.
 func TestFullStoreMetadataGrowth(t *testing.T) {
 	// The journal's last quarter takes the commit the checkpoint has no room
 	// for; with a 256 KiB journal it holds the 1024 punch records.
 	t.Run("punches, fsync with the journal full", func(t *testing.T) { punchSplit(t, true, 256<<10) })
 	t.Run("punches, unmount without fsync", func(t *testing.T) { punchSplit(t, false, 64<<10) })
 	t.Run("punches, more records than the journal's reserve", func(t *testing.T) {
-		knownBug(t, "on a full store whose metadata grew, a batch of records larger than the last quarter of the journal cannot commit: fsync fails with ENOSPC until unmount (image: commitLocked cannot split a batch at mutation boundaries)")
 		punchSplit(t, true, 64<<10)
 	})
 	t.Run("creates, unmount", func(t *testing.T) {
@@ -441,15 +433,6 @@ func punchSplit(t *testing.T, fullJournal bool, journal int64) {
 	tc.remount()
 	if got := readAll(t, tc.path("d.raw")); !bytes.Equal(got, data) {
 		t.Error("d.raw differs after a remount")
-	}
-}
-
-// knownBug skips a test that shows a bug not fixed yet, unless
-// VDISKFS_KNOWN_BUGS=1 asks to see it fail.
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("VDISKFS_KNOWN_BUGS") == "" {
-		t.Skipf("known bug, run with VDISKFS_KNOWN_BUGS=1 to see it fail: %s", what)
 	}
 }
 

@@ -264,7 +264,7 @@ func (s *Store) collectRefs(rep *Report, counts map[string]int, progress func(do
 	for start, n := range s.mu.inflight {
 		refs = append(refs, ref{pext: pext{Start: start, Len: n}, kind: "a write in flight"})
 	}
-	for _, e := range s.mu.quarantine {
+	for _, e := range s.mu.pend.quarantine {
 		refs = append(refs, ref{pext: e, kind: "blocks awaiting a commit"})
 	}
 	s.mu.Unlock()

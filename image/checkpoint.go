@@ -41,9 +41,8 @@ func (s *Store) checkpointLocked() error {
 	for _, d := range s.mu.disks {
 		ds = append(ds, d)
 	}
-	pending, count, q, rec := s.mu.pending, s.mu.pendCount, s.mu.quarantine, s.mu.recGen
+	taken, rec := s.mu.pend.take(), s.mu.recGen
 	seq, nextID, oldExts := s.mu.nextSeq, s.mu.nextID, s.mu.ckptExts
-	s.mu.pending, s.mu.pendCount, s.mu.quarantine = nil, 0, nil
 	s.mu.nextSeq = seq + 1
 	s.mu.releasing++
 	s.mu.Unlock()
@@ -80,9 +79,7 @@ func (s *Store) checkpointLocked() error {
 		// Nothing durable changed: put the captured work back in front of
 		// whatever came since, so the next commit carries it.
 		s.mu.Lock()
-		s.mu.pending = append(pending, s.mu.pending...)
-		s.mu.pendCount += count
-		s.mu.quarantine = append(q, s.mu.quarantine...)
+		s.mu.pend.prepend(taken)
 		s.mu.nextSeq = seq
 		s.mu.Unlock()
 		if s.isFailed() {
@@ -107,7 +104,7 @@ func (s *Store) checkpointLocked() error {
 	s.mu.ckptExts = exts
 	s.mu.Unlock()
 	s.stats.Checkpoints.Add(1)
-	s.release(append(q, oldExts...))
+	s.release(append(taken.quarantine, oldExts...))
 	return s.strictCheckLocked()
 }
 

@@ -491,7 +491,7 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal bool) ([]pext, err
 		}
 		// Blocks in quarantine, or taken by a commit under way, come free
 		// when a commit completes: wait for one and try again.
-		canRetry := len(s.mu.quarantine) > 0 || s.mu.releasing > 0
+		canRetry := len(s.mu.pend.quarantine) > 0 || s.mu.releasing > 0
 		s.mu.Unlock()
 		if err == nil || !errors.Is(err, ErrNoSpace) || !canRetry || attempt > 0 {
 			return dst, err

@@ -29,11 +29,9 @@ func (s *Store) Commit() error {
 }
 
 // commitLocked writes one journal commit with every pending record, or a
-// checkpoint when the journal is three quarters full (the last quarter is
-// kept for commits that must go through while a full store has no room
-// for a checkpoint). Order: flush the data the records
-// point to, write the commit, flush it, then release the blocks the
-// records freed. Caller holds commitMu.
+// checkpoint when the journal is three quarters full. The last quarter is
+// kept for commits that must go through while a full store has no room for
+// a checkpoint: see commitReserveLocked. Caller holds commitMu.
 func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 	s.mu.Lock()
 	err := s.mu.failed
@@ -51,42 +49,60 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 	writes := s.writeGen.Load()
 
 	s.mu.Lock()
-	if s.mu.pendCount == 0 && writes == s.flushedWrites && len(s.mu.quarantine) == 0 {
+	p := &s.mu.pend
+	if p.count == 0 && writes == s.flushedWrites && len(p.quarantine) == 0 {
 		s.mu.Unlock()
 		return nil
 	}
-	size := int64(0)
-	if s.mu.pendCount > 0 {
-		size = (commitHeaderLen + int64(len(s.mu.pending)) + pageSize - 1) / pageSize * pageSize
+	if s.jOff+commitSize(len(p.recs), p.count) <= s.journalLen*3/4 {
+		return s.writeCommitLocked(p.take(), writes)
 	}
-	if s.jOff+size > s.journalLen*3/4 {
-		s.mu.Unlock()
-		err := s.checkpointLocked()
-		if !errors.Is(err, ErrNoSpace) {
-			return err
-		}
-		// No room for a checkpoint: the store is full and its metadata grew
-		// (punches split extents, disks were created). The last quarter of
-		// the journal is kept for this: commit there, so the blocks this
-		// batch frees come out of quarantine and the next checkpoint fits.
+	s.mu.Unlock()
+	err = s.checkpointLocked()
+	if !errors.Is(err, ErrNoSpace) {
+		return err
+	}
+	return s.commitReserveLocked(writes, err)
+}
+
+// commitReserveLocked commits into the journal's last quarter because a
+// full store has no room for a checkpoint (ckptErr): its metadata grew
+// (punches split extents, disks were created) and the blocks that would
+// make room are in quarantine until the records freeing them are durable.
+// A batch larger than the room left goes in parts, each ending between two
+// mutations; every part releases the blocks its records freed, and then
+// the checkpoint is tried again. Caller holds commitMu.
+func (s *Store) commitReserveLocked(writes uint64, ckptErr error) error {
+	for {
 		s.mu.Lock()
-		size = (commitHeaderLen + int64(len(s.mu.pending)) + pageSize - 1) / pageSize * pageSize
-		if s.mu.pendCount == 0 {
-			size = 0
-		}
-		if s.jOff+size > s.journalLen {
+		part, ok := s.mu.pend.takePrefix(s.journalLen - s.jOff)
+		if !ok {
 			s.mu.Unlock()
+			return ckptErr
+		}
+		rest := s.mu.pend.count > 0
+		s.log.WithError(ckptErr).WithField("records", part.count).Warn("no space for a checkpoint; committing to the journal's reserve")
+		if err := s.writeCommitLocked(part, writes); err != nil || !rest {
 			return err
 		}
-		s.log.WithError(err).Warn("no space for a checkpoint; committing to the journal's reserve")
+		ckptErr = s.checkpointLocked()
+		if !errors.Is(ckptErr, ErrNoSpace) {
+			return ckptErr
+		}
 	}
-	batch, count, rec := s.mu.pending, s.mu.pendCount, s.mu.recGen
-	q := s.mu.quarantine
+}
+
+// writeCommitLocked writes part, taken from s.mu.pend, as one journal
+// commit: flush the data its records point to, write the commit, flush it,
+// then release the blocks its records freed. Caller holds commitMu and
+// s.mu, which it releases.
+func (s *Store) writeCommitLocked(part pending, writes uint64) error {
+	rec := s.mu.recGen - uint64(s.mu.pend.count) // records after part are not in it
 	seq := s.mu.nextSeq
-	s.mu.pending, s.mu.pendCount, s.mu.quarantine = nil, 0, nil
+	size := commitSize(len(part.recs), part.count)
 	s.mu.releasing++
 	defer s.doneReleasing()
-	if count > 0 {
+	if part.count > 0 {
 		s.mu.nextSeq++
 	}
 	s.mu.Unlock()
@@ -96,9 +112,9 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 		return s.fail(fmt.Errorf("flush data before commit %d: %w", seq, err))
 	}
 	s.flushedWrites = writes
-	if count > 0 {
+	if part.count > 0 {
 		buf := s.pool.Get(int(size))
-		page := encodeCommit(buf[:0], seq, s.uuid, count, batch)
+		page := encodeCommit(buf[:0], seq, s.uuid, part.count, part.recs)
 		_, err := s.be.WriteAt(page, journalOffset+s.jOff)
 		s.pool.Put(buf)
 		if err != nil {
@@ -114,7 +130,7 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 		s.jOff += size
 	}
 	s.durableRec = rec
-	s.release(q)
+	s.release(part.quarantine)
 	return s.strictCheckLocked()
 }
 

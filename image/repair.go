@@ -160,7 +160,7 @@ func (s *Store) repairState() []string {
 		say("rebuilt the free map: %d free blocks (was %d)", a.freeBlocks, lost)
 	}
 	s.mu.alloc = a
-	s.mu.quarantine = nil
+	s.mu.pend.quarantine = nil
 	s.mu.inflight = map[uint64]uint64{}
 	s.mu.extents = extents
 	s.mu.Unlock()

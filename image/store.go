@@ -102,10 +102,8 @@ type Store struct {
 		nextID     uint64
 		alloc      *allocator
 		inflight   map[uint64]uint64 // allocated, data being written: start → len
-		quarantine []pext            // freed by records not yet durable
 		releasing  int               // commits that took a quarantine and have not released it yet
-		pending    []byte            // encoded records not yet committed
-		pendCount  uint32
+		pend       pending           // records not yet committed, the blocks they free
 		recGen     uint64 // records ever appended
 		nextSeq    uint64 // sequence number of the next commit
 		extents    int    // extents in all maps, for the checkpoint reserve
@@ -530,19 +528,18 @@ func (s *Store) usableLocked() error {
 // appendLocked queues journal records. Caller holds s.cut (shared) and
 // s.mu, and the disk's mu when the record is about a disk.
 func (s *Store) appendLocked(recs ...record) {
-	for i := range recs {
-		s.mu.pending = appendRecord(s.mu.pending, &recs[i])
-	}
-	s.mu.pendCount += uint32(len(recs))
+	s.mu.pend.add(recs)
 	s.mu.recGen += uint64(len(recs))
 }
 
-// quarantineLocked holds freed blocks until the record that frees them is
-// durable (DESIGN.md, crash rule 3). Caller holds s.mu.
+// quarantineLocked holds blocks freed by the records appended last until
+// those are durable (DESIGN.md, crash rule 3). Caller holds s.mu.
 func (s *Store) quarantineLocked(freed []blockmap.Extent) {
-	for _, f := range freed {
-		s.mu.quarantine = append(s.mu.quarantine, pext{Start: f.Phys, Len: f.Len})
+	q := make([]pext, len(freed))
+	for i, f := range freed {
+		q[i] = pext{Start: f.Phys, Len: f.Len}
 	}
+	s.mu.pend.hold(q)
 }
 
 // BlockSize returns the store's allocation unit in bytes.
@@ -794,7 +791,7 @@ func (s *Store) Info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var q uint64
-	for _, e := range s.mu.quarantine {
+	for _, e := range s.mu.pend.quarantine {
 		q += e.Len
 	}
 	free := s.mu.alloc.freeBlocks + q
