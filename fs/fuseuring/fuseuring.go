@@ -98,6 +98,17 @@ const (
 	// the owner; more fragmented requests go to a worker.
 	maxPlanIOs = 8
 
+	// submitAtOnce: the owner submits the backing I/O of a request smaller
+	// than this in an io_uring_enter of its own, as soon as it is queued.
+	// io_uring plugs the block layer for a batch of three or more: no
+	// request of the batch reaches the device until the kernel has built
+	// them all, so with a batch of ~27 random 4 KiB reads each waited
+	// ~0.15 ms in the plug (device time per read 0.47 ms against 0.30 ms
+	// when submitted one by one; 4 KiB random reads and writes +12%).
+	// Larger requests stay batched: the plug merges neighbours of a
+	// sequential stream into larger device requests.
+	submitAtOnce = 64 << 10
+
 	writeOutSize = 8 // struct fuse_write_out
 
 	// EnableParam is the module parameter that lets FUSE servers use io_uring.
@@ -470,16 +481,11 @@ func (q *queue) serve(rg *iouring.Ring) {
 			q.armWake(rg)
 			wakeArmed = true
 		}
-		err := rg.Enter(wait)
+		q.enter(rg, wait)
 		if wait {
 			q.mu.Lock()
 			q.mu.sleeping = false
 			q.mu.Unlock()
-		}
-		if err != nil && err != unix.EINTR && err != unix.EAGAIN && err != unix.EBUSY {
-			// Our ring memory is broken; the kernel still owns the
-			// entries, so neither going on nor unmapping is safe.
-			panic(fmt.Sprintf("fuseuring: queue %d: io_uring_enter: %v", q.qid, err))
 		}
 		rg.Reap(func(c iouring.CQE) {
 			if c.UserData == wakeTag {
@@ -511,10 +517,20 @@ func (q *queue) serve(rg *iouring.Ring) {
 			// Backing I/O just queued goes to the device now, on its
 			// own, not in the next batch behind commits that each copy
 			// a reply.
-			if err := rg.Enter(false); err != nil && err != unix.EINTR && err != unix.EAGAIN && err != unix.EBUSY {
-				panic(fmt.Sprintf("fuseuring: queue %d: io_uring_enter: %v", q.qid, err))
-			}
+			q.enter(rg, false)
 		}
+	}
+}
+
+// enter submits what is queued on rg and, with wait, sleeps until a
+// completion is ready. EINTR, EAGAIN and EBUSY leave the rest queued for
+// the next call.
+func (q *queue) enter(rg *iouring.Ring, wait bool) {
+	err := rg.Enter(wait)
+	if err != nil && err != unix.EINTR && err != unix.EAGAIN && err != unix.EBUSY {
+		// Our ring memory is broken; the kernel still owns the
+		// entries, so neither going on nor unmapping is safe.
+		panic(fmt.Sprintf("fuseuring: queue %d: io_uring_enter: %v", q.qid, err))
 	}
 }
 
@@ -556,6 +572,9 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		rg.Put(iouring.SQE{Opcode: opcode, Fd: int32(plan.FD), Off: uint64(io.Off),
 			Addr: uint64(uintptr(unsafe.Pointer(&io.Buf[0]))), Len: uint32(len(io.Buf)),
 			UserData: ioTag | uint64(e.idx)<<16 | uint64(i)})
+	}
+	if size < submitAtOnce {
+		q.enter(rg, false)
 	}
 	return true
 }
