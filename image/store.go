@@ -97,19 +97,19 @@ type Store struct {
 
 	mu struct {
 		sync.Mutex
-		disks      map[uint64]*disk // every live disk, orphans included
-		names      map[string]*disk // named disks
-		nextID     uint64
-		alloc      *allocator
-		inflight   map[uint64]uint64 // allocated, data being written: start → len
-		releasing  int               // commits that took a quarantine and have not released it yet
-		pend       pending           // records not yet committed, the blocks they free
-		recGen     uint64 // records ever appended
-		nextSeq    uint64 // sequence number of the next commit
-		extents    int    // extents in all maps, for the checkpoint reserve
-		failed     error  // set once a flush or metadata write failed
-		closed     bool
-		ckptExts   []pext // blocks of the current checkpoint
+		disks     map[uint64]*disk // every live disk, orphans included
+		names     map[string]*disk // named disks
+		nextID    uint64
+		alloc     *allocator
+		inflight  map[uint64]uint64 // allocated, data being written: start → len
+		releasing int               // commits that took a quarantine and have not released it yet
+		pend      pending           // records not yet committed, the blocks they free
+		recGen    uint64            // records ever appended
+		nextSeq   uint64            // sequence number of the next commit
+		extents   int               // extents in all maps, for the checkpoint reserve
+		failed    error             // set once a flush or metadata write failed
+		closed    bool
+		ckptExts  []pext // blocks of the current checkpoint
 	}
 
 	// writeGen counts completed backend data writes; a flush that starts
