@@ -13,8 +13,9 @@ import (
 // against the disk's map (image.Disk.PlanRead, PlanWrite) and its backing
 // I/O goes on the queue's own ring with the replies, so it costs no
 // goroutine hand-off and no thread blocked in pread or pwrite. What cannot
-// be planned without waiting (allocating writes, unaligned I/O, ranges
-// held by other requests) takes the usual path through go-fuse.
+// be planned without waiting (unaligned I/O, growing writes, writes a full
+// store must commit for, ranges held by other requests) takes the usual
+// path through go-fuse.
 //
 // The kernel's request names the node (the disk's inode number, as the
 // mount uses ExternalNodeID) and the file handle; go-fuse keeps the handle

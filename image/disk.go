@@ -334,8 +334,33 @@ func (d *disk) writeLocked(sc *scratch, p []byte, off int64) error {
 		copy(buf[uoff-first*bs:], p)
 	}
 
-	// Give every hole new blocks, aiming each right after the physical end
-	// of what precedes it, so sequential writes stay one extent.
+	if err := s.allocHoles(sc, prev, hasPrev, true); err != nil {
+		return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
+	}
+
+	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
+	countCoalesce(c, sc.out, sc.runs)
+	for _, r := range sc.runs {
+		if err := s.writeData(c, buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys); err != nil {
+			s.unallocate(sc.allocs)
+			return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
+		}
+	}
+	s.writeGen.Add(1)
+	d.touch()
+
+	d.publishWrite(sc, off+int64(n))
+	return nil
+}
+
+// allocHoles fills sc.out with sc.segs (a lookup), every hole given new
+// blocks (recorded in sc.allocs, in flight until published or returned
+// with unallocate), each aimed right after the physical end of what
+// precedes it so that sequential writes stay one extent; prev is the
+// extent before the lookup's first block. With mayCommit false it never
+// waits for a commit to release quarantined blocks (allocData). On error
+// it has returned what it allocated.
+func (s *Store) allocHoles(sc *scratch, prev blockmap.Extent, hasPrev, mayCommit bool) error {
 	var lastVirt, lastPhys uint64
 	hasLast := false
 	if hasPrev {
@@ -353,10 +378,11 @@ func (d *disk) writeLocked(sc *scratch, p []byte, off int64) error {
 		}
 		start := len(sc.allocs)
 		var err error
-		sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasLast)
+		sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasLast, mayCommit)
 		if err != nil {
 			s.unallocate(sc.allocs)
-			return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
+			sc.allocs = sc.allocs[:0]
+			return err
 		}
 		v := sg.Virt
 		for _, e := range sc.allocs[start:] {
@@ -366,25 +392,19 @@ func (d *disk) writeLocked(sc *scratch, p []byte, off int64) error {
 		last := sc.allocs[len(sc.allocs)-1]
 		lastVirt, lastPhys, hasLast = v, last.end(), true
 	}
+	return nil
+}
 
-	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
-	countCoalesce(c, sc.out, sc.runs)
-	for _, r := range sc.runs {
-		if err := s.writeData(c, buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys); err != nil {
-			s.unallocate(sc.allocs)
-			return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
-		}
-	}
-	s.writeGen.Add(1)
-	d.touch()
-
-	// Publish: map the new blocks and grow the size, with their records.
-	end := off + int64(n)
+// publishWrite ends a write whose data is on the backing: it maps the
+// blocks allocHoles gave it and grows the disk to end, with their records.
+// The caller holds the write's range lock.
+func (d *disk) publishWrite(sc *scratch, end int64) {
+	s := d.s
 	d.mu.RLock()
 	grows := end > d.attr.Size
 	d.mu.RUnlock()
 	if len(sc.allocs) == 0 && !grows {
-		return nil
+		return
 	}
 	s.cut.RLock()
 	defer s.cut.RUnlock()
@@ -412,7 +432,6 @@ func (d *disk) writeLocked(sc *scratch, p []byte, off int64) error {
 	}
 	s.appendLocked(recs...)
 	s.mu.Unlock()
-	return nil
 }
 
 // isAllocated reports whether segment sg was carved from allocs.
@@ -466,8 +485,9 @@ func (s *Store) writable() error {
 
 // allocData allocates n data blocks for a write, keeping back the blocks a
 // checkpoint will need. When the store is full but blocks are waiting in
-// quarantine, it commits once to release them and tries again.
-func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal bool) ([]pext, error) {
+// quarantine, it commits once to release them and tries again, if
+// mayCommit.
+func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) ([]pext, error) {
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
 		if err := s.usableLocked(); err != nil {
@@ -493,7 +513,7 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal bool) ([]pext, err
 		// when a commit completes: wait for one and try again.
 		canRetry := len(s.mu.pend.quarantine) > 0 || s.mu.releasing > 0
 		s.mu.Unlock()
-		if err == nil || !errors.Is(err, ErrNoSpace) || !canRetry || attempt > 0 {
+		if err == nil || !errors.Is(err, ErrNoSpace) || !canRetry || !mayCommit || attempt > 0 {
 			return dst, err
 		}
 		if cerr := s.Commit(); cerr != nil {
@@ -505,6 +525,9 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal bool) ([]pext, err
 // unallocate returns blocks that were allocated but never mapped: no record
 // names them, so they go straight back to the free set.
 func (s *Store) unallocate(allocs []pext) {
+	if len(allocs) == 0 {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range allocs {
@@ -768,7 +791,7 @@ func (d *disk) allocateZeroed(first, count uint64) error {
 			goal, hasGoal = prev.Phys+(sg.Virt-prev.Virt), true
 		}
 		d.mu.RUnlock()
-		allocs, err := s.allocData(nil, sg.Len, goal, hasGoal)
+		allocs, err := s.allocData(nil, sg.Len, goal, hasGoal, true)
 		if err != nil {
 			s.unallocate(allocs)
 			return err

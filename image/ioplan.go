@@ -7,7 +7,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
-// An IOPlan is a disk read or overwrite turned into I/O on the store's
+// An IOPlan is a disk read or write turned into I/O on the store's
 // backing that the caller issues itself: the FUSE io_uring transport
 // submits it on its own ring, so that no thread waits in pread or pwrite.
 //
@@ -15,7 +15,9 @@ import (
 // holds the disk's range as ReadAt and WriteAt do across their backend I/O
 // (shared for a read, exclusive for a write): no conflicting write, punch
 // or truncate runs, and the blocks cannot be freed and given to another
-// disk while the caller's I/O is in flight. The caller must call Finish or
+// disk while the caller's I/O is in flight. A write into holes is given
+// new blocks, held in flight as WriteAt holds them: Finish maps them (with
+// their journal records), Abort returns them. The caller must call Finish or
 // Abort once every I/O it issued has completed, and must keep the handle
 // open until then: closing the last handle of an unlinked disk frees its
 // blocks without waiting for plans.
@@ -32,6 +34,7 @@ type IOPlan struct {
 	N   int
 
 	write bool
+	off   int64
 	d     *disk
 	lr    lockedRange
 	held  bool // lr is held
@@ -56,11 +59,13 @@ func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 	return h.plan(pl, p, off, maxIOs, false)
 }
 
-// PlanWrite plans the overwrite of len(p) bytes at off from p, like
-// WriteAt. It returns false, with nothing held, where WriteAt should serve
-// the write instead: as for PlanRead, and also when a block of the range
-// is not mapped yet (allocation journals), the write ends past the disk's
-// size, the store takes no writes, or any request holds part of the range.
+// PlanWrite plans the write of len(p) bytes at off from p, like WriteAt,
+// allocating blocks for the holes in the range. It returns false, with
+// nothing held, where WriteAt should serve the write instead: as for
+// PlanRead, and also when the write ends past the disk's size, the store
+// takes no writes, any request holds part of the range, or the holes
+// cannot be given blocks without waiting (a full store, whose WriteAt
+// commits to release freed blocks, or says ENOSPC).
 func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 	return h.plan(pl, p, off, maxIOs, true)
 }
@@ -94,26 +99,45 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write bool) boo
 	sc := getScratch()
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
+	prev, hasPrev := d.m.Before(first)
 	size = d.attr.Size
 	d.mu.RUnlock()
-	sc.runs = coalesce.Runs(sc.runs[:0], sc.segs, first, bs, maxRunBytes/bs)
 	fd := desc.FD()
-	if len(sc.runs) > maxIOs || fd < 0 || off+n > size || write && hasHole(sc) {
+	decline := func() bool {
+		s.unallocate(sc.allocs)
 		putScratch(sc)
 		lr.unlock()
 		return false
 	}
+	if fd < 0 || off+n > size {
+		return decline()
+	}
+	sc.out = append(sc.out[:0], sc.segs...)
+	if write && hasHole(sc) {
+		// Blocks for the holes, without waiting for a commit to free
+		// any: a full store's writes go to WriteAt.
+		sc.out = sc.out[:0]
+		if s.allocHoles(sc, prev, hasPrev, false) != nil {
+			return decline()
+		}
+	}
+	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
+	if len(sc.runs) > maxIOs {
+		return decline()
+	}
 	c := s.stats.shard(sc)
 	countLookup(c, sc.segs)
-	countCoalesce(c, sc.segs, sc.runs)
+	countCoalesce(c, sc.out, sc.runs)
 	buf := p[:n]
-	zeroHoles(buf, sc.segs, first, bs)
+	if !write {
+		zeroHoles(buf, sc.segs, first, bs)
+	}
 	pl.FD, pl.N, pl.IOs = fd, int(n), pl.IOs[:0]
 	for _, r := range sc.runs {
 		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(n))]
 		pl.IOs = append(pl.IOs, BackingIO{Off: s.dataOff + int64(r.Phys*bs), Buf: b})
 	}
-	pl.write, pl.d, pl.lr, pl.held, pl.sc, pl.start = write, d, lr, true, sc, time.Now()
+	pl.write, pl.d, pl.lr, pl.held, pl.sc, pl.off, pl.start = write, d, lr, true, sc, off, time.Now()
 	return true
 }
 
@@ -128,7 +152,8 @@ func hasHole(sc *scratch) bool {
 
 // Finish ends a plan whose I/O all completed in full: it counts the
 // request as ReadAt or WriteAt would (a write also dirties the store for
-// the next flush and sets the disk's mtime) and releases the range.
+// the next flush, sets the disk's mtime and maps the blocks it was given,
+// journaling them) and releases the range.
 func (pl *IOPlan) Finish() {
 	if !pl.held {
 		return
@@ -147,20 +172,24 @@ func (pl *IOPlan) Finish() {
 	if pl.write {
 		d.s.writeGen.Add(1)
 		d.touch()
+		d.publishWrite(sc, pl.off+int64(pl.N))
+		sc.allocs = sc.allocs[:0] // mapped now: Abort must not return them
 	}
 	d.countRequest(sc, pl.write, uint64(pl.N))
 	pl.Abort()
 }
 
-// Abort releases a plan without counting it: an I/O failed, and the caller
-// serves the request again with ReadAt or WriteAt, which count and report.
-// (A failed overwrite may have changed some of its blocks, as a failed
+// Abort releases a plan without counting it, returning the blocks a write
+// was given: an I/O failed, and the caller serves the request again with
+// ReadAt or WriteAt, which count and report.
+// (A failed write may have changed some of its mapped blocks, as a failed
 // WriteAt may.)
 func (pl *IOPlan) Abort() {
 	if !pl.held {
 		return
 	}
 	pl.held = false
+	pl.d.s.unallocate(pl.sc.allocs) // blocks for holes, never mapped
 	pl.lr.unlock()
 	putScratch(pl.sc)
 	pl.d, pl.sc, pl.lr = nil, nil, lockedRange{}

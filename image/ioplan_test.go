@@ -122,3 +122,116 @@ func TestPlanRead(t *testing.T) {
 		t.Fatal("planned a read on a closed handle")
 	}
 }
+
+// TestPlanWrite: a planned write into holes gets blocks that are in flight
+// (not free, not mapped) until Finish maps and journals them, so they read
+// back after a reopen; Abort returns them. On a full store whose free
+// blocks wait in quarantine, PlanWrite declines instead of committing,
+// and WriteAt (which commits) serves the write.
+func TestPlanWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.img")
+	if err := FormatPath(path, 32<<20, FormatOptions{JournalSize: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenPath(path, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Close() }()
+	h := mustCreate(t, s, "a", 64<<20)
+	bs := int64(s.BlockSize())
+	data := directio.AlignedBlock(1 << 20)
+	for i := range data {
+		data[i] = byte(i/int(bs)*5 + 3)
+	}
+	if _, err := h.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	var pl IOPlan
+	issue := func(pl *IOPlan) {
+		t.Helper()
+		for _, io := range pl.IOs {
+			if n, err := unix.Pwrite(pl.FD, io.Buf, io.Off); err != nil || n != len(io.Buf) {
+				t.Fatalf("backing write %d at %d: %d, %v", len(io.Buf), io.Off, n, err)
+			}
+		}
+	}
+	// Half over data, half into the hole after it.
+	p := directio.AlignedBlock(int(8 * bs))
+	for i := range p {
+		p[i] = 0xC5
+	}
+	off := int64(1<<20) - 4*bs
+	free := s.Info().FreeBlocks
+	if !h.PlanWrite(&pl, p, off, 8) {
+		t.Fatal("write over data and a hole: not planned")
+	}
+	if got := s.Info().FreeBlocks; got != free-4 {
+		t.Fatalf("a planned write into 4 hole blocks: %d free blocks, want %d", got, free-4)
+	}
+	if rep := s.Check(); !rep.Clean() {
+		t.Fatalf("check with a planned write in flight: %v", rep.Findings)
+	}
+	issue(&pl)
+	pl.Finish()
+	want := append(append([]byte(nil), data[:off]...), bytes.Repeat([]byte{0xC5}, len(p))...)
+	got := make([]byte, len(want))
+	if _, err := h.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after Finish: %v, or the disk differs", err)
+	}
+
+	// Abort returns the blocks; the range still reads zeros.
+	free = s.Info().FreeBlocks
+	if !h.PlanWrite(&pl, p, 8<<20, 8) {
+		t.Fatal("write into holes: not planned")
+	}
+	issue(&pl)
+	pl.Abort()
+	if got := s.Info().FreeBlocks; got != free {
+		t.Fatalf("after Abort: %d free blocks, want %d", got, free)
+	}
+	zero := make([]byte, len(p))
+	if _, err := h.ReadAt(zero, 8<<20); err != nil || !bytes.Equal(zero, make([]byte, len(p))) {
+		t.Fatalf("an aborted write into holes shows: %v", err)
+	}
+
+	// Commit, reopen: the planned write's blocks are mapped.
+	h.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = OpenPath(path, testOptions()); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, s, "a"); !bytes.Equal(got[:len(want)], want) {
+		t.Fatal("after a reopen the planned write is gone")
+	}
+
+	// Full, with the only free blocks in quarantine.
+	if h, err = s.OpenDisk("a"); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	chunk := directio.AlignedBlock(1 << 20)
+	var end int64
+	for end = 2 << 20; ; end += 1 << 20 {
+		if _, err := h.WriteAt(chunk, end); err != nil {
+			break
+		}
+	}
+	for ; ; end += bs {
+		if _, err := h.WriteAt(chunk[:bs], end); err != nil {
+			break
+		}
+	}
+	if err := h.Punch(2<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if h.PlanWrite(&pl, p, end, 8) {
+		t.Fatal("planned a write into holes on a full store (its freed blocks wait for a commit)")
+	}
+	if _, err := h.WriteAt(p, end); err != nil {
+		t.Fatalf("WriteAt on a full store with blocks in quarantine: %v", err)
+	}
+}

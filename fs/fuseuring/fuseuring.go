@@ -22,11 +22,15 @@
 // entry holds a request.
 //
 // READ and WRITE requests the IOServer can map without waiting (aligned,
-// on blocks already mapped, the range free) the owner serves itself: it
+// the range free, blocks for any holes at hand) the owner serves itself: it
 // submits their backing I/O on the same ring, straight into or out of the
 // entry's payload buffer, and when that completes it queues the reply.
-// Backing I/O goes to the device at once, in its own io_uring_enter;
-// replies go in the next batch of commits. No goroutine and no thread is
+// A small request's backing I/O (under 64 KiB) goes to the device at
+// once, in an io_uring_enter of its own: io_uring plugs the block layer
+// around a batch of three or more, and no request of a batch reaches the
+// device until the kernel has built them all. Larger requests' I/O goes
+// in one io_uring_enter per pass, where the plug merges a sequential
+// stream. Replies go in the next batch of commits. No goroutine and no thread is
 // woken for such a request; 4 KiB random reads and writes cost the server
 // a third of the CPU they cost through a worker.
 //
