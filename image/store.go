@@ -1,12 +1,14 @@
 package image
 
 import (
+	"bytes"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -257,11 +259,27 @@ func openBackend(path string, o backend.OpenOptions) (backend.Backend, error) {
 		}
 		sb := readOwner(path)
 		host, _ := os.Hostname()
-		if sb == nil || sb.Host != host || sb.OwnerPID <= 0 || unix.Kill(int(sb.OwnerPID), 0) != unix.ESRCH {
+		if sb == nil || sb.Host != host || sb.OwnerPID <= 0 || !processGone(int(sb.OwnerPID)) {
 			return be, err // a live owner, or one we cannot tell
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// processGone reports whether process pid has exited: it does not exist,
+// or it is a zombie its parent has not reaped yet (a killed daemon's
+// parent may be slow to, and a zombie holds no files).
+func processGone(pid int) bool {
+	if unix.Kill(pid, 0) == unix.ESRCH {
+		return true
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// The state follows the command name, which is in parentheses.
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
 }
 
 // readOwner reads the superblock of a store without taking the lock, or

@@ -202,30 +202,44 @@ func signalReady(e *env, fd int) {
 // prepareMountpoint creates the mount point if missing, and clears dead
 // mounts left by a daemon that was killed. statfs, unlike stat, is never
 // answered from the kernel's attribute cache, so it finds them: ENOTCONN,
-// or ECONNABORTED when the kernel aborted the connection while the statfs
-// was waiting (the daemon's last thread was still exiting).
+// or ECONNABORTED or ECANCELED when the kernel aborts the connection or
+// cancels the request while the call waits (right after a kill -9 the
+// connection lives on until the dead daemon's io_uring is torn down). A
+// stat in that window fails the same ways, so any of those errors from
+// either call detaches and looks again.
 func prepareMountpoint(e *env, mnt string) error {
-	for {
+	var st unix.Stat_t
+	for tries := 1; ; tries++ {
 		var sfs unix.Statfs_t
-		if err := unix.Statfs(mnt, &sfs); !errors.Is(err, unix.ENOTCONN) && !errors.Is(err, unix.ECONNABORTED) {
-			break
+		err := unix.Statfs(mnt, &sfs)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			err = unix.Stat(mnt, &st)
+		}
+		if !deadMount(err) {
+			switch {
+			case errors.Is(err, unix.ENOENT):
+				return os.MkdirAll(mnt, 0o755)
+			case err != nil:
+				return fmt.Errorf("mount point %s: %w", mnt, err)
+			case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+				return fmt.Errorf("mount point %s is not a directory", mnt)
+			}
+			return nil
+		}
+		if tries == 10 {
+			return fmt.Errorf("mount point %s: a dead mount is still there after %d detaches: %w", mnt, tries-1, err)
 		}
 		e.log.WithField("mountpoint", mnt).Warn("a dead mount is left there (its daemon was killed); detaching it")
-		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("mount point %s: detach the dead mount: %w", mnt, err)
+		if uerr := unix.Unmount(mnt, unix.MNT_DETACH); uerr != nil && !errors.Is(uerr, unix.EINVAL) {
+			return fmt.Errorf("mount point %s: detach the dead mount: %w", mnt, uerr)
 		}
 	}
-	var st unix.Stat_t
-	err := unix.Stat(mnt, &st)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		return os.MkdirAll(mnt, 0o755)
-	case err != nil:
-		return fmt.Errorf("mount point %s: %w", mnt, err)
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return fmt.Errorf("mount point %s is not a directory", mnt)
-	}
-	return nil
+}
+
+// deadMount reports whether err is how a call on a mount whose daemon is
+// gone fails.
+func deadMount(err error) bool {
+	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.ECANCELED)
 }
 
 // daemonize starts this program again in the foreground, detached (own
