@@ -15,14 +15,7 @@ import (
 // start meanwhile, and PlanRead declines instead of waiting when one holds
 // the range; reads it cannot plan are declined with nothing held.
 func TestPlanRead(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store.img")
-	if err := FormatPath(path, 256<<20, FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenPath(path, testOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := newFileStore(t, 256<<20, FormatOptions{})
 	defer s.Close()
 	h := mustCreate(t, s, "a", 8<<20)
 	defer h.Close()
@@ -129,15 +122,9 @@ func TestPlanRead(t *testing.T) {
 // blocks wait in quarantine, PlanWrite declines instead of committing,
 // and WriteAt (which commits) serves the write.
 func TestPlanWrite(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store.img")
-	if err := FormatPath(path, 32<<20, FormatOptions{JournalSize: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenPath(path, testOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, s := newFileStore(t, 32<<20, FormatOptions{JournalSize: 1 << 20})
 	defer func() { s.Close() }()
+	var err error
 	h := mustCreate(t, s, "a", 64<<20)
 	bs := int64(s.BlockSize())
 	data := directio.AlignedBlock(1 << 20)
@@ -234,4 +221,19 @@ func TestPlanWrite(t *testing.T) {
 	if _, err := h.WriteAt(p, end); err != nil {
 		t.Fatalf("WriteAt on a full store with blocks in quarantine: %v", err)
 	}
+}
+
+// newFileStore formats a store file of size bytes in a temporary directory
+// and opens it: plans need a backing with an O_DIRECT descriptor.
+func newFileStore(t *testing.T, size int64, fo FormatOptions) (string, *Store) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "store.img")
+	if err := FormatPath(path, size, fo); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenPath(path, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, s
 }
