@@ -112,22 +112,22 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write bool) boo
 	if fd < 0 || off+n > size {
 		return decline()
 	}
-	sc.out = append(sc.out[:0], sc.segs...)
+	segs := sc.segs // what the I/O goes to
 	if write && hasHole(sc) {
 		// Blocks for the holes, without waiting for a commit to free
 		// any: a full store's writes go to WriteAt.
-		sc.out = sc.out[:0]
 		if s.allocHoles(sc, prev, hasPrev, false) != nil {
 			return decline()
 		}
+		segs = sc.out
 	}
-	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
+	sc.runs = coalesce.Runs(sc.runs[:0], segs, first, bs, maxRunBytes/bs)
 	if len(sc.runs) > maxIOs {
 		return decline()
 	}
 	c := s.stats.shard(sc)
 	countLookup(c, sc.segs)
-	countCoalesce(c, sc.out, sc.runs)
+	countCoalesce(c, segs, sc.runs)
 	buf := p[:n]
 	if !write {
 		zeroHoles(buf, sc.segs, first, bs)
