@@ -12,6 +12,10 @@ type pending struct {
 	count      uint32 // records in recs
 	quarantine []pext // blocks freed by those records, held until they are durable
 	cuts       []pendingCut
+	// maps: some record maps blocks, so the data written into them must be
+	// durable before the commit holding it is written. Kept for the whole
+	// batch: parts split from it by takePrefix inherit it.
+	maps bool
 }
 
 // pendingCut is the state of a pending just before one of its mutations
@@ -29,6 +33,7 @@ func (p *pending) add(recs []record) {
 	}
 	for i := range recs {
 		p.recs = appendRecord(p.recs, &recs[i])
+		p.maps = p.maps || recs[i].Type == recMap
 	}
 	p.count += uint32(len(recs))
 }
@@ -59,11 +64,12 @@ func (p *pending) takePrefix(room int64) (pending, bool) {
 	}
 	c := p.cuts[i]
 	c.quar = min(c.quar, len(p.quarantine)) // Repair may have dropped the quarantine
-	part := pending{recs: p.recs[:c.bytes:c.bytes], count: c.count, quarantine: p.quarantine[:c.quar:c.quar], cuts: p.cuts[:i:i]}
+	part := pending{recs: p.recs[:c.bytes:c.bytes], count: c.count, quarantine: p.quarantine[:c.quar:c.quar], cuts: p.cuts[:i:i], maps: p.maps}
 	rest := pending{
 		recs:       append([]byte(nil), p.recs[c.bytes:]...),
 		count:      p.count - c.count,
 		quarantine: append([]pext(nil), p.quarantine[c.quar:]...),
+		maps:       p.maps,
 	}
 	for _, later := range p.cuts[i+1:] {
 		rest.cuts = append(rest.cuts, pendingCut{bytes: later.bytes - c.bytes, count: later.count - c.count, quar: max(later.quar-c.quar, 0)})
@@ -82,6 +88,7 @@ func (p *pending) prepend(earlier pending) {
 		count:      earlier.count + p.count,
 		quarantine: append(earlier.quarantine, p.quarantine...),
 		cuts:       earlier.cuts,
+		maps:       earlier.maps || p.maps,
 	}
 	if p.count > 0 && earlier.count > 0 {
 		joined.cuts = append(joined.cuts, pendingCut{bytes: len(earlier.recs), count: earlier.count, quar: len(earlier.quarantine)})
