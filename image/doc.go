@@ -21,8 +21,9 @@
 // The rules that give this:
 //
 //  1. New data goes to newly allocated blocks; its mapping is journalled
-//     only after the data write completed, and a commit flushes the data
-//     before it writes the journal.
+//     only after the data write completed, and a commit holding mappings
+//     flushes the data before it writes the journal (a commit without one
+//     has no data to order and flushes once, after its journal write).
 //  2. Writes to mapped blocks go in place.
 //  3. Freed blocks (punch, truncate, remove) stay in quarantine until the
 //     record that frees them is durable; only then may another disk get them.
