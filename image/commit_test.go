@@ -2,7 +2,11 @@ package image
 
 import (
 	"bytes"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
 // TestCommitFlushes counts the flushes each kind of commit costs: two when
@@ -63,5 +67,127 @@ func TestCommitFlushes(t *testing.T) {
 	copy(want[8192:], block)
 	if !bytes.Equal(got, want) {
 		t.Errorf("after reopen the disk does not hold the punch and the last write")
+	}
+}
+
+// TestCommitData: fdatasync's commit leaves the times out, so after
+// overwrites in place it is one flush and no journal write; after a write
+// into a hole it commits the map (two flushes). The times are still
+// committed by the next full Commit.
+func TestCommitData(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	d := mustCreate(t, ms.s, "a", 1<<20)
+	defer d.Close()
+	block := bytes.Repeat([]byte{0xcd}, 4096)
+	if _, err := d.WriteAt(block, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ms.s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	c := func() CounterSnapshot { return ms.s.Metrics().Counters }
+	steps := []struct {
+		name             string
+		op               func() error
+		flushes, commits uint64
+	}{
+		{"overwrite, SyncData", func() error { _, err := d.WriteAt(block, 0); return err }, 1, 0},
+		{"write into a hole, SyncData", func() error { _, err := d.WriteAt(block, 8192); return err }, 2, 1},
+		{"nothing, SyncData", func() error { return nil }, 0, 0},
+	}
+	for _, st := range steps {
+		if err := st.op(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		before := c()
+		if err := d.SyncData(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		after := c()
+		if f, n := after.Flushes-before.Flushes, after.Commits-before.Commits; f != st.flushes || n != st.commits {
+			t.Errorf("%s: %d flushes and %d journal commits, want %d and %d", st.name, f, n, st.flushes, st.commits)
+		}
+	}
+	before := c()
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c().Commits - before.Commits; n != 1 {
+		t.Errorf("Sync after SyncData: %d journal commits, want 1 (the times)", n)
+	}
+}
+
+// slowFlush is a backend whose flushes take a while, as a device's cache
+// flush does.
+type slowFlush struct {
+	backend.Backend
+	delay time.Duration
+}
+
+func (b slowFlush) Flush() error {
+	time.Sleep(b.delay)
+	return b.Backend.Flush()
+}
+
+// TestGroupCommit: 32 writers each making a write durable at once
+// (O_DSYNC: WriteAt then SyncData) share commits and flushes instead of
+// paying for one each, in series: a writer that arrives while a commit is
+// in progress is covered by the next one, with everyone else who arrived
+// meanwhile.
+func TestGroupCommit(t *testing.T) {
+	const writers = 32
+	for _, hole := range []bool{false, true} {
+		mem := backend.NewMem(64 << 20)
+		if err := Format(mem, FormatOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(slowFlush{mem, 20 * time.Millisecond}, testOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := mustCreate(t, s, "a", writers<<12)
+		block := make([]byte, 4096)
+		if !hole {
+			for i := range writers {
+				if _, err := d.WriteAt(block, int64(i)<<12); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := s.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		before := s.Metrics().Counters
+		var wg sync.WaitGroup
+		errs := make(chan error, writers)
+		for i := range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := bytes.Repeat([]byte{byte(i + 1)}, 4096)
+				if _, err := d.WriteAt(p, int64(i)<<12); err != nil {
+					errs <- err
+					return
+				}
+				errs <- d.SyncData()
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		after := s.Metrics().Counters
+		flushes, commits := after.Flushes-before.Flushes, after.Commits-before.Commits
+		t.Logf("hole %v: %d synchronous writers, %d flushes, %d journal commits", hole, writers, flushes, commits)
+		if flushes > writers/4 {
+			t.Errorf("hole %v: %d synchronous writers cost %d flushes: they do not share them", hole, writers, flushes)
+		}
+		d.Close()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

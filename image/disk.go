@@ -839,6 +839,20 @@ func (h *Disk) Sync() error {
 	return nil
 }
 
+// SyncData makes every write acknowledged before it durable with the
+// metadata needed to read it back, but not the access and modification
+// times (fdatasync, O_DSYNC): after overwrites in place it is one flush of
+// the backing. After a failed flush it keeps failing (ErrFailed).
+func (h *Disk) SyncData() error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	if err := h.d.s.CommitData(); err != nil {
+		return fmt.Errorf("disk %d sync data: %w", h.d.id, err)
+	}
+	return nil
+}
+
 // SeekData returns the first offset >= off that holds data (SEEK_DATA);
 // ErrNoData when there is none before the end of the disk.
 func (h *Disk) SeekData(off int64) (int64, error) {

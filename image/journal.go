@@ -11,10 +11,22 @@ import (
 )
 
 // Commit makes every write, map change and catalog change acknowledged
-// before the call durable. Concurrent callers share commits (group commit):
-// a caller whose work a commit already covered returns at once. Once a
-// flush has failed, Commit always fails (ErrFailed).
-func (s *Store) Commit() error {
+// before the call durable, the disks' access and modification times too
+// (fsync, O_SYNC). Concurrent callers share commits (group commit): a
+// caller whose work a commit already covered returns at once, and one that
+// waited for a commit in progress covers every caller that came meanwhile
+// with the next. Once a flush has failed, Commit always fails (ErrFailed).
+func (s *Store) Commit() error { return s.commit(true) }
+
+// CommitData is Commit without the times: every acknowledged write and
+// the metadata needed to read it back (maps, sizes, the catalog) are
+// durable when it returns (fdatasync, O_DSYNC). When only overwrites in
+// place happened since the last commit, it is one flush of the backing and
+// no journal write. Times wait for the next Commit (the timer's, an fsync,
+// or the close). Concurrent callers share commits and flushes as in Commit.
+func (s *Store) CommitData() error { return s.commit(false) }
+
+func (s *Store) commit(times bool) error {
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
@@ -25,14 +37,17 @@ func (s *Store) Commit() error {
 	wantWrites := s.writeGen.Load()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	return s.commitLocked(want, wantWrites)
+	return s.commitLocked(want, wantWrites, times)
 }
 
 // commitLocked writes one journal commit with every pending record, or a
-// checkpoint when the journal is three quarters full. The last quarter is
+// checkpoint when the journal is three quarters full; with times, the
+// disks' dirty access and modification times are journalled first. It
+// returns at once when an earlier commit covered wantRec records and a
+// flush covered wantWrites data writes. The last quarter of the journal is
 // kept for commits that must go through while a full store has no room for
 // a checkpoint: see commitReserveLocked. Caller holds commitMu.
-func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
+func (s *Store) commitLocked(wantRec, wantWrites uint64, times bool) error {
 	s.mu.Lock()
 	err := s.mu.failed
 	s.mu.Unlock()
@@ -42,10 +57,12 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64) error {
 	if s.opts.ReadOnly {
 		return nil
 	}
-	if s.durableRec >= wantRec && s.flushedWrites >= wantWrites && !s.timesDirty() {
+	if s.durableRec >= wantRec && s.flushedWrites >= wantWrites && (!times || !s.timesDirty()) {
 		return nil
 	}
-	s.appendDirtyTimes()
+	if times {
+		s.appendDirtyTimes()
+	}
 	writes := s.writeGen.Load()
 
 	s.mu.Lock()

@@ -493,7 +493,7 @@ func (s *Store) Close() error {
 			s.mu.Lock()
 			want := s.mu.recGen
 			s.mu.Unlock()
-			err = s.commitLocked(want, s.writeGen.Load())
+			err = s.commitLocked(want, s.writeGen.Load(), true)
 		}
 		if err == nil {
 			sb := s.sb
