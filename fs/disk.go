@@ -214,7 +214,8 @@ type diskFile struct {
 	vfs  *vfs
 	node *diskNode
 	disk *image.Disk
-	pins int // owner requests in flight on disk (ownerIO); guarded by vfs.mu
+	sync syncMode // from the open flags: what a fallocate must make durable
+	pins int      // owner requests in flight on disk (ownerIO); guarded by vfs.mu
 }
 
 var (
@@ -229,7 +230,7 @@ var (
 
 // newFile wraps an opened handle and chooses the open flags.
 func (v *vfs) newFile(n *diskNode, h *image.Disk, flags uint32) (*diskFile, uint32, syscall.Errno) {
-	f := &diskFile{vfs: v, node: n, disk: h}
+	f := &diskFile{vfs: v, node: n, disk: h, sync: syncModeOf(flags)}
 	if !v.register(f) {
 		h.Close()
 		return nil, 0, syscall.EIO
@@ -282,10 +283,14 @@ func (f *diskFile) Write(ctx context.Context, data []byte, off int64) (uint32, s
 	return uint32(n), 0
 }
 
-// Fsync (fsync and fdatasync alike) makes every acknowledged write durable,
-// data and map.
+// Fsync makes every acknowledged write durable, data and map; fsync
+// also the times, fdatasync (FUSE_FSYNC_FDATASYNC) not.
 func (f *diskFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	if err := f.disk.Sync(); err != nil {
+	sync := f.disk.Sync
+	if flags&fsyncFdatasync != 0 {
+		sync = f.disk.SyncData
+	}
+	if err := sync(); err != nil {
 		return f.vfs.toErrno(err, "fsync", f.fields())
 	}
 	return 0
@@ -308,6 +313,9 @@ func (f *diskFile) Release(ctx context.Context) syscall.Errno {
 	return 0
 }
 
+// fsyncFdatasync is FUSE_FSYNC_FDATASYNC in fuse_fsync_in.fsync_flags.
+const fsyncFdatasync = 1
+
 // fallocate(2) modes.
 const (
 	fallocKeepSize  = unix.FALLOC_FL_KEEP_SIZE
@@ -319,7 +327,8 @@ const (
 // PUNCH_HOLE|KEEP_SIZE punches, ZERO_RANGE (with or without KEEP_SIZE)
 // zeroes; anything else is EOPNOTSUPP. Ranges past the end are clipped by
 // package image (the probe fallocate(PUNCH_HOLE|KEEP_SIZE, size, 1) of
-// cloud-hypervisor succeeds and changes nothing).
+// cloud-hypervisor succeeds and changes nothing). On a handle opened with
+// O_SYNC or O_DSYNC the change is durable before the reply.
 func (f *diskFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
 	if off > math.MaxInt64 || size > math.MaxInt64 {
 		return syscall.EFBIG
@@ -339,6 +348,9 @@ func (f *diskFile) Allocate(ctx context.Context, off uint64, size uint64, mode u
 		err = f.disk.ZeroRange(o, n, true)
 	default:
 		return syscall.EOPNOTSUPP
+	}
+	if err == nil {
+		err = f.vfs.makeDurable(f.sync)
 	}
 	if err != nil {
 		return f.vfs.toErrno(err, "fallocate", f.fields("offset", o, "length", n, "mode", mode))

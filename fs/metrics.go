@@ -21,7 +21,8 @@ type timedFS struct {
 }
 
 var timedOps = []string{"LOOKUP", "GETATTR", "SETATTR", "CREATE", "OPEN", "READ", "WRITE", "FLUSH", "FSYNC",
-	"FALLOCATE", "LSEEK", "STATFS", "COPY_FILE_RANGE", "UNLINK", "RENAME"}
+	"FALLOCATE", "LSEEK", "STATFS", "COPY_FILE_RANGE", "UNLINK", "RENAME",
+	"SYNC_WRITE"} // not an opcode: the commit a synchronous WRITE waited for (syncFS)
 
 func newTimedFS(fs fuse.RawFileSystem) *timedFS {
 	t := &timedFS{RawFileSystem: fs, ops: map[string]*image.Histogram{}}

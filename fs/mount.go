@@ -140,7 +140,9 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 		ExternalNodeID: true,
 		Logger:         log.New(logWriter{lg.WithField("component", "go-fuse"), logrus.WarnLevel}, "", 0),
 	}
-	timed := newTimedFS(gofs.NewNodeFS(root, fo))
+	sfs := &syncFS{RawFileSystem: gofs.NewNodeFS(root, fo), v: v}
+	timed := newTimedFS(sfs)
+	sfs.timed = timed
 	srv, err := fuse.NewServer(timed, mountpoint, &fo.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)

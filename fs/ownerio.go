@@ -15,7 +15,8 @@ import (
 // goroutine hand-off and no thread blocked in pread or pwrite. What cannot
 // be planned without waiting (unaligned I/O, growing writes, writes a full
 // store must commit for, ranges held by other requests) takes the usual
-// path through go-fuse.
+// path through go-fuse, and so do synchronous writes (O_SYNC, O_DSYNC),
+// whose reply waits for a commit (sync.go).
 //
 // The kernel's request names the node (the disk's inode number, as the
 // mount uses ExternalNodeID) and the file handle; go-fuse keeps the handle
@@ -38,9 +39,9 @@ type ownerRequest struct {
 	start time.Time
 }
 
-func (r *ownerRequest) Start(nodeID, off uint64, buf []byte, write bool, maxIOs int) bool {
-	if off > math.MaxInt64 {
-		return false
+func (r *ownerRequest) Start(nodeID, off uint64, buf []byte, write bool, flags uint32, maxIOs int) bool {
+	if off > math.MaxInt64 || write && syncModeOf(flags) != syncNone {
+		return false // a synchronous write waits for a commit: a worker's (syncFS)
 	}
 	f := r.v.pin(nodeID)
 	if f == nil {

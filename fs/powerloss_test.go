@@ -30,7 +30,8 @@ import (
 // fdatasync), and afterwards power is cut at every flush of the history and
 // at random points (unflushed writes dropped, kept at random, or torn at
 // 512-byte sectors). Each possible state must open, Check clean, hold every
-// byte each disk had at its last completed fsync unless the disk itself
+// byte each disk had at its last completed fsync, or synchronous write or
+// fallocate (O_DSYNC, O_SYNC, RWF_DSYNC, RWF_SYNC), unless the disk itself
 // changed it since, and show in each disk only zeros or bytes carrying that
 // disk's tag (its number in the high nibble, a non-zero low nibble).
 
@@ -200,6 +201,22 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 		return err
 	}
 	defer df.Close()
+	// Synchronous opens: every write or fallocate on them is promised
+	// when it returns, like a write followed by fdatasync (O_DSYNC) or
+	// fsync (O_SYNC).
+	bsf, err := os.OpenFile(path, os.O_RDWR|unix.O_DSYNC, 0)
+	if err != nil {
+		return err
+	}
+	defer bsf.Close()
+	dsf, err := os.OpenFile(path, os.O_RDWR|syscall.O_DIRECT|unix.O_SYNC, 0)
+	if err != nil {
+		return err
+	}
+	defer dsf.Close()
+	synced := func() {
+		d.syncs = append(d.syncs, plSync{op: c.OpCount(), steps: len(d.steps), data: bytes.Clone(d.data)})
+	}
 	abuf := directio.AlignedBlock(64 << 10)
 	fill := func(p []byte) {
 		for i := range p {
@@ -210,7 +227,7 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 		st := plStep{start: c.OpCount()}
 		size := int64(len(d.data))
 		switch k := rng.IntN(100); {
-		case k < 30: // O_DIRECT write of whole sectors
+		case k < 26: // O_DIRECT write of whole sectors
 			off := rng.Int64N(limit/512) * 512
 			n := min(int64(1+rng.IntN(128))*512, limit-off)
 			p := abuf[:n]
@@ -220,7 +237,7 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 			}
 			d.write(p, off)
 			st.lo, st.hi, st.resize = off, off+n, off+n > size
-		case k < 55: // buffered write, any offset and length
+		case k < 48: // buffered write, any offset and length
 			off := rng.Int64N(limit)
 			n := min(int64(1+rng.IntN(20000)), limit-off)
 			p := make([]byte, n)
@@ -230,21 +247,69 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 			}
 			d.write(p, off)
 			st.lo, st.hi, st.resize = off, off+n, off+n > size
-		case k < 70: // punch or zero a range, keeping the size
+		case k < 60: // a synchronous write: promised when it returns
+			direct := rng.IntN(2) == 0
+			var off, n int64
+			var p []byte
+			if direct {
+				off = rng.Int64N(limit/512) * 512
+				n = min(int64(1+rng.IntN(128))*512, limit-off)
+				p = abuf[:n]
+			} else {
+				off = rng.Int64N(limit)
+				n = min(int64(1+rng.IntN(20000)), limit-off)
+				p = make([]byte, n)
+			}
+			fill(p)
+			var how string
+			var err error
+			f, syncf := bf, bsf // buffered: O_DSYNC open
+			if direct {
+				f, syncf = df, dsf // O_DIRECT: O_SYNC open
+			}
+			switch rng.IntN(3) {
+			case 0:
+				how = "O_DSYNC/O_SYNC"
+				_, err = syncf.WriteAt(p, off)
+			case 1:
+				how = "RWF_DSYNC"
+				_, err = unix.Pwritev2(int(f.Fd()), [][]byte{p}, off, unix.RWF_DSYNC)
+			default:
+				how = "RWF_SYNC"
+				_, err = unix.Pwritev2(int(f.Fd()), [][]byte{p}, off, unix.RWF_SYNC)
+			}
+			if err != nil {
+				return fmt.Errorf("%s write %d at %d (direct %v): %w", how, n, off, direct, err)
+			}
+			d.write(p, off)
+			st.lo, st.hi, st.resize = off, off+n, off+n > size
+			d.steps = append(d.steps, st)
+			synced()
+			continue
+		case k < 72: // punch or zero a range, keeping the size
 			off := rng.Int64N(limit)
 			n := 1 + rng.Int64N(min(256<<10, limit-off))
 			mode := uint32(unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE)
 			if rng.IntN(3) == 0 {
 				mode = unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE
 			}
-			if err := unix.Fallocate(int(bf.Fd()), mode, off, n); err != nil {
+			f := bf
+			if sync := rng.IntN(4) == 0; sync {
+				f = bsf // on a synchronous open: promised when it returns
+			}
+			if err := unix.Fallocate(int(f.Fd()), mode, off, n); err != nil {
 				return fmt.Errorf("fallocate %#x [%d,+%d): %w", mode, off, n, err)
 			}
 			if off < size {
 				clear(d.data[off:min(off+n, size)])
 			}
 			st.lo, st.hi = off, off+n
-		case k < 78: // truncate, either way
+			if f == bsf {
+				d.steps = append(d.steps, st)
+				synced()
+				continue
+			}
+		case k < 80: // truncate, either way
 			ns := rng.Int64N(limit + 1)
 			if err := bf.Truncate(ns); err != nil {
 				return fmt.Errorf("truncate to %d: %w", ns, err)
@@ -267,7 +332,7 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 			if err := sync(int(f.Fd())); err != nil {
 				return fmt.Errorf("fsync: %w", err)
 			}
-			d.syncs = append(d.syncs, plSync{op: c.OpCount(), steps: len(d.steps), data: bytes.Clone(d.data)})
+			synced()
 			continue
 		}
 		d.steps = append(d.steps, st)

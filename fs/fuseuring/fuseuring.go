@@ -166,9 +166,11 @@ type IOServer interface {
 // block.
 type IO interface {
 	// Start maps the request on node nodeID at off: a READ of len(buf)
-	// bytes into buf, or a WRITE of buf. False, with nothing held: a
-	// worker serves the request.
-	Start(nodeID, off uint64, buf []byte, write bool, maxIOs int) bool
+	// bytes into buf, or a WRITE of buf; flags are the request's open
+	// flags (fuse_read_in.flags, fuse_write_in.flags: for a WRITE they
+	// include O_DSYNC or O_SYNC for RWF_DSYNC or RWF_SYNC). False, with
+	// nothing held: a worker serves the request.
+	Start(nodeID, off uint64, buf []byte, write bool, flags uint32, maxIOs int) bool
 	// Plan is the started request: the I/O to issue on its FD, and the
 	// reply's byte count once all of it has transferred in full.
 	Plan() *image.IOPlan
@@ -553,12 +555,14 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		return false
 	}
 	op := e.hdr[inOutSize:]
-	// fuse_read_in and fuse_write_in both start with fh, offset and size.
+	// fuse_read_in and fuse_write_in both start with fh, offset and
+	// size, and have the open flags at byte 32.
 	off := *(*uint64)(unsafe.Pointer(&op[8]))
 	size := int(*(*uint32)(unsafe.Pointer(&op[16])))
+	flags := *(*uint32)(unsafe.Pointer(&op[32]))
 	write := in.Opcode == opWrite
 	if write && size != int((*entInOut)(unsafe.Pointer(&e.hdr[entInOutOff])).payloadSz) ||
-		size > len(e.payload) || !e.io.Start(in.NodeId, off, e.payload[:size], write, maxPlanIOs) {
+		size > len(e.payload) || !e.io.Start(in.NodeId, off, e.payload[:size], write, flags, maxPlanIOs) {
 		return false
 	}
 	plan := e.io.Plan()

@@ -1,7 +1,7 @@
 // Package crashloop kills the vdisk mount daemon at random moments under a
 // concurrent workload and checks, after each remount, the crash contract
-// end to end: everything acknowledged before the last completed fsync reads
-// back exactly, no disk shows a byte of another disk, and vdisk fsck is
+// end to end: everything acknowledged before the last completed fsync, or
+// synchronous write (O_DSYNC, O_SYNC, RWF_DSYNC), reads back exactly, no disk shows a byte of another disk, and vdisk fsck is
 // clean.
 //
 // CI runs VDISK_CRASH_CYCLES (default 50) cycles; tools/crashloop.sh runs
@@ -40,7 +40,9 @@ type daemon struct {
 	stderr *bytes.Buffer
 }
 
-func mount(t *testing.T, bin, store, mnt string) *daemon {
+// mount starts the daemon with a 200 ms commit timer; extra flags come
+// after the defaults and override them.
+func mount(t *testing.T, bin, store, mnt string, extra ...string) *daemon {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -48,7 +50,8 @@ func mount(t *testing.T, bin, store, mnt string) *daemon {
 	}
 	defer r.Close()
 	d := &daemon{stderr: &bytes.Buffer{}}
-	d.cmd = exec.Command(bin, "mount", store, mnt, "--foreground", "--ready-fd", "3", "--commit-interval", "200ms")
+	args := append([]string{"mount", store, mnt, "--foreground", "--ready-fd", "3", "--commit-interval", "200ms"}, extra...)
+	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stderr = d.stderr
 	d.cmd.ExtraFiles = []*os.File{w}
 	if err := d.cmd.Start(); err != nil {
@@ -96,6 +99,15 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 	if direct {
 		flags |= syscall.O_DIRECT
 	}
+	// Disks 2 and 3 open O_DSYNC and O_SYNC: every write and punch on them
+	// is promised when it returns. The others use RWF_DSYNC now and then.
+	switch i % 4 {
+	case 2:
+		flags |= unix.O_DSYNC
+	case 3:
+		flags |= unix.O_SYNC
+	}
+	syncOpen := flags&unix.O_DSYNC != 0
 	f, err := os.OpenFile(name, flags, 0o644)
 	if err != nil {
 		return
@@ -125,11 +137,18 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			if off+n > m.size {
 				m.resized = true
 			}
-			if _, err := f.WriteAt(p, off); err != nil {
+			rwf := 0
+			if rng.IntN(4) == 0 {
+				rwf = unix.RWF_DSYNC
+			}
+			if _, err := unix.Pwritev2(int(f.Fd()), [][]byte{p}, off, rwf); err != nil {
 				return
 			}
 			copy(m.cur[off:], p)
 			m.size = max(m.size, off+n)
+			if syncOpen || rwf != 0 {
+				m.promise()
+			}
 		case op < 7: // punch a hole
 			off, n := rng.Int64N(diskSpan), rng.Int64N(512<<10)
 			m.touch(off, n)
@@ -138,6 +157,9 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			}
 			if off < m.size {
 				clear(m.cur[off:min(off+n, m.size)])
+			}
+			if syncOpen {
+				m.promise()
 			}
 		case op < 8: // truncate
 			size := rng.Int64N(diskSpan)
@@ -154,11 +176,17 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			if err := f.Sync(); err != nil {
 				return
 			}
-			copy(m.synced, m.cur)
-			clear(m.touched)
-			m.sSize, m.resized = m.size, false
+			m.promise()
 		}
 	}
+}
+
+// promise records that everything the disk acknowledged so far is durable:
+// an fsync, or a synchronous write or punch, has returned.
+func (m *diskModel) promise() {
+	copy(m.synced, m.cur)
+	clear(m.touched)
+	m.sSize, m.resized = m.size, false
 }
 
 // verify reads every disk through the mount and checks the contract.
@@ -247,9 +275,7 @@ func TestCrashLoop(t *testing.T) {
 				t.Fatal(err)
 			}
 			f.Close()
-			copy(m.synced, m.cur)
-			clear(m.touched)
-			m.sSize, m.resized = m.size, false
+			m.promise()
 		}
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
