@@ -1,7 +1,9 @@
 // Package telemetry exposes a mounted store's counters: as Prometheus
 // metrics (on an opt-in loopback TCP listener, `vdisk mount --metrics`) and,
 // always, on a per-mount Unix socket that `vdisk stats MNT` reads, so that
-// stats need no flags at mount time.
+// stats need no flags at mount time. The socket also takes the few requests
+// an operator makes of a running mount (`vdisk sync MNT`: POST /sync); the
+// TCP listener never does.
 //
 // Every figure comes from image.Store.Metrics (requests, map, coalescer,
 // backend, journal, allocator, per disk) and from the FUSE layer's per-op
@@ -19,10 +21,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +42,14 @@ type Source interface {
 	// OpMetrics is the FUSE layer's latency histogram per operation name
 	// (count included); it may be empty.
 	OpMetrics() map[string]image.HistogramSnapshot
+}
+
+// Controller is what a local operator may ask of a running mount through
+// its Unix socket.
+type Controller interface {
+	// Sync commits the whole store: every write, map and catalog change
+	// acknowledged before the call is durable when it returns.
+	Sync() error
 }
 
 // Stats is the JSON document of `vdisk stats --json` and of GET /stats.
@@ -81,10 +93,11 @@ func SocketPath(mountpoint string) string {
 	return filepath.Join(dir, hex.EncodeToString(sum[:8])+".sock")
 }
 
-// Serve listens on the mount's Unix socket and, when metricsAddr is not
-// empty, on that TCP address too (it must be a loopback address unless
-// allowRemote). It returns a function that stops both.
-func Serve(h http.Handler, mountpoint, metricsAddr string, allowRemote bool) (stop func(), err error) {
+// Serve listens on the mount's Unix socket, with h and ctl's requests, and,
+// when metricsAddr is not empty, on that TCP address too, with h only (it
+// must be a loopback address unless allowRemote). It returns a function
+// that stops both.
+func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allowRemote bool) (stop func(), err error) {
 	var servers []*http.Server
 	closeAll := func() {
 		for _, s := range servers {
@@ -101,7 +114,7 @@ func Serve(h http.Handler, mountpoint, metricsAddr string, allowRemote bool) (st
 	if err != nil {
 		return stop, fmt.Errorf("stats socket: %w", err)
 	}
-	servers = append(servers, serve(h, ul))
+	servers = append(servers, serve(withControl(h, ctl), ul))
 	if metricsAddr != "" {
 		if !allowRemote {
 			if err := requireLoopback(metricsAddr); err != nil {
@@ -120,6 +133,21 @@ func Serve(h http.Handler, mountpoint, metricsAddr string, allowRemote bool) (st
 		closeAll()
 		os.Remove(sock)
 	}, nil
+}
+
+// withControl adds ctl's requests to h: POST /sync answers 204 once the
+// store is committed, or 500 with the error.
+func withControl(h http.Handler, ctl Controller) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("POST /sync", func(w http.ResponseWriter, r *http.Request) {
+		if err := ctl.Sync(); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
 }
 
 func serve(h http.Handler, l net.Listener) *http.Server {
@@ -148,19 +176,28 @@ func requireLoopback(addr string) error {
 // ErrNotServing: no vdiskfs daemon answers for that mount point.
 var ErrNotServing = errors.New("telemetry: no vdiskfs mount is serving there")
 
-// Fetch reads the stats of the mount at mountpoint through its socket.
-func Fetch(mountpoint string) (*Stats, error) {
-	abs, err := filepath.Abs(mountpoint)
-	if err != nil {
-		return nil, err
+// client is an HTTP client of the socket of the mount at mountpoint, with
+// the mount point made absolute and the socket's path, for messages.
+func client(mountpoint string, timeout time.Duration) (c *http.Client, abs, sock string, err error) {
+	if abs, err = filepath.Abs(mountpoint); err != nil {
+		return nil, "", "", err
 	}
-	sock := SocketPath(abs)
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	sock = SocketPath(abs)
+	c = &http.Client{Timeout: timeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
 		},
 	}}
+	return c, abs, sock, nil
+}
+
+// Fetch reads the stats of the mount at mountpoint through its socket.
+func Fetch(mountpoint string) (*Stats, error) {
+	c, abs, sock, err := client(mountpoint, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := c.Get("http://vdiskfs/stats")
 	if err != nil {
 		return nil, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
@@ -171,4 +208,24 @@ func Fetch(mountpoint string) (*Stats, error) {
 		return nil, fmt.Errorf("stats of %s: %w", abs, err)
 	}
 	return &st, nil
+}
+
+// Sync commits the store of the mount at mountpoint through its socket and
+// returns once everything acknowledged before the call is durable. It waits
+// as long as the commit takes.
+func Sync(mountpoint string) error {
+	c, abs, sock, err := client(mountpoint, 0)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Post("http://vdiskfs/sync", "", nil)
+	if err != nil {
+		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("sync %s: %s", abs, strings.TrimSpace(string(msg)))
+	}
+	return nil
 }

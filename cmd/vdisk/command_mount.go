@@ -46,6 +46,9 @@ type mountSource struct {
 func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
 func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.srv.OpMetrics() }
 
+// Sync is `vdisk sync MOUNTPOINT`: the full commit an fsync makes.
+func (m mountSource) Sync() error { return m.s.Commit() }
+
 func newMountCmd(e *env) *cobra.Command {
 	var f mountFlags
 	cmd := &cobra.Command{
@@ -139,7 +142,7 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return err
 	}
 	// vdisk stats reads the mount's socket; --metrics adds a TCP listener.
-	stopTelemetry, err := telemetry.Serve(telemetry.Handler(mountSource{s, srv}, mnt, store), mnt, f.metricsAddr, false)
+	stopTelemetry, err := telemetry.Serve(telemetry.Handler(mountSource{s, srv}, mnt, store), mountSource{s, srv}, mnt, f.metricsAddr, false)
 	if err != nil {
 		if f.metricsAddr != "" {
 			srv.Unmount()

@@ -18,6 +18,7 @@ type statsSource struct{ s *image.Store }
 
 func (s statsSource) Metrics() image.Metrics                        { return s.s.Metrics() }
 func (s statsSource) OpMetrics() map[string]image.HistogramSnapshot { return nil }
+func (s statsSource) Sync() error                                   { return s.s.Commit() }
 
 // serveFakeMount formats a memory store, writes 8 × 1 MiB to a disk and
 // serves its telemetry for the mount point mnt.
@@ -41,7 +42,7 @@ func serveFakeMount(t *testing.T) (mnt string, s *image.Store) {
 		}
 	}
 	mnt = filepath.Join(t.TempDir(), "mnt")
-	stop, err := telemetry.Serve(telemetry.Handler(statsSource{s}, mnt, "mem"), mnt, "", false)
+	stop, err := telemetry.Serve(telemetry.Handler(statsSource{s}, mnt, "mem"), statsSource{s}, mnt, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newExportCmd(e),
 		newFsckCmd(e),
 		newStatsCmd(e),
+		newSyncCmd(e),
 	)
 	markStart(e, root)
 	return root
