@@ -21,6 +21,12 @@ type Backend interface {
 	// WriteAt writes len(p) bytes at off, with the same rules as ReadAt. A
 	// completed write may still sit in a volatile cache until Flush.
 	WriteAt(p []byte, off int64) (int, error)
+	// WriteAtDurable is WriteAt whose bytes are durable when it returns,
+	// as if a flush covering them alone had followed (a FUA write:
+	// RWF_DSYNC on the O_DIRECT descriptor, which the kernel turns into a
+	// forced-unit-access write or a write and a flush). Other completed
+	// writes are not made durable by it.
+	WriteAtDurable(p []byte, off int64) (int, error)
 	// Flush makes every completed write durable (fdatasync for files; fsync,
 	// which is a cache flush, for devices).
 	Flush() error

@@ -93,8 +93,10 @@ func (m CrashMode) String() string {
 //
 // It models a disk with a volatile write cache. Writes are applied to the live
 // image at once, so reads see them; they become durable only at the next
-// successful Flush. Discard and WriteZeroes are recorded as writes of zeros,
-// under the same rules.
+// successful Flush. A WriteAtDurable (a FUA write) is durable at once, whole,
+// and makes nothing else durable: every power-cut state after it holds it.
+// Discard and WriteZeroes are recorded as writes of zeros, under the same
+// rules as WriteAt.
 //
 // The op log holds, in completion order, every successful WriteAt, Discard,
 // WriteZeroes and Flush; reads are not in it. Op index i means "right after
@@ -125,6 +127,7 @@ type Crash struct {
 // logEntry is one op of the log: a flush, or a write of n bytes at off.
 type logEntry struct {
 	flush bool
+	fua   bool // a WriteAtDurable: durable once completed
 	off   int64
 	n     int64
 	data  []byte // the bytes written; nil for zeros (Discard, WriteZeroes)
@@ -206,6 +209,21 @@ func (c *Crash) WriteAt(p []byte, off int64) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.recordLocked(logEntry{off: off, n: n, data: bytes.Clone(p)})
+	c.mu.stats.Writes++
+	c.mu.stats.BytesWritten += n
+	return len(p), nil
+}
+
+// WriteAtDurable is WriteAt whose write is durable at once (FUA): a power cut
+// at any later op keeps it, whole, in its place in the order of writes.
+func (c *Crash) WriteAtDurable(p []byte, off int64) (int, error) {
+	n := int64(len(p))
+	if err := c.begin(OpWrite, off, n, p); err != nil {
+		return 0, c.opError(OpWrite, off, n, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.recordLocked(logEntry{off: off, n: n, data: bytes.Clone(p), fua: true})
 	c.mu.stats.Writes++
 	c.mu.stats.BytesWritten += n
 	return len(p), nil
@@ -304,7 +322,7 @@ func (c *Crash) FlushOps() []int {
 // StateAt returns a possible content of the device after a power cut right
 // after op index op (0 ≤ op ≤ OpCount()): every write before the last flush
 // at or before op, applied in order, and then, according to mode, some of the
-// writes between that flush and op. rng drives the random choices (it may be
+// writes between that flush and op (all of its WriteAtDurable writes, whole). rng drives the random choices (it may be
 // nil for DropUnflushed); the same rng state gives the same result. It panics
 // on an op index out of range.
 //
@@ -362,11 +380,12 @@ func (c *Crash) stateLocked(op int, rng *rand.Rand, mode CrashMode) *pageImage {
 		flushed = c.mu.flushOps[i]
 	}
 	im := c.mu.history.imageAt(flushed, c.mu.log)
-	if mode == DropUnflushed {
-		return im
-	}
 	for _, e := range c.mu.log[flushed:op] {
-		if rng.IntN(2) == 0 {
+		if e.fua {
+			e.apply(im) // durable when it completed
+			continue
+		}
+		if mode == DropUnflushed || rng.IntN(2) == 0 {
 			continue // this write never reached the media
 		}
 		if mode == Torn {

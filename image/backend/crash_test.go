@@ -146,6 +146,33 @@ func TestCrashLaterWriteWinsWhenBothKept(t *testing.T) {
 	}
 }
 
+func TestCrashDurableWriteSurvivesEveryCut(t *testing.T) {
+	// An unflushed write x, a durable (FUA) write d over another sector,
+	// then an unflushed write y over d's sector: after d, every state holds
+	// d or y in its sector, never the old byte; x may or may not be there.
+	c := NewCrashFrom(image("aa"))
+	mustFlush(t, c)
+	writeSector(t, c, 0, 'x')
+	if _, err := c.WriteAtDurable(image("d"), 512); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := draw(c.StateAt(3, nil, DropUnflushed)), "ad"; got != want {
+		t.Errorf("DropUnflushed right after the durable write: %s, want %s", got, want)
+	}
+	for _, mode := range []CrashMode{RandomSubset, Torn} {
+		if got, want := statesOver(c, 3, mode, 200), []string{"ad", "xd"}; !slices.Equal(got, want) {
+			t.Errorf("%v right after the durable write gives %v, want %v", mode, got, want)
+		}
+	}
+	writeSector(t, c, 1, 'y')
+	if got, want := statesOver(c, 4, RandomSubset, 200), []string{"ad", "ay", "xd", "xy"}; !slices.Equal(got, want) {
+		t.Errorf("a later write over it gives %v, want %v", got, want)
+	}
+	if got := statesOver(c, 2, RandomSubset, 200); !slices.Equal(got, []string{"aa", "xa"}) {
+		t.Errorf("before the durable write: %v, want [aa xa]", got)
+	}
+}
+
 func TestCrashTornWrites(t *testing.T) {
 	c := NewCrashFrom(image("oooo"))
 	mustFlush(t, c)

@@ -72,18 +72,27 @@ func (d *direct) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // WriteAt writes len(p) bytes at off.
-func (d *direct) WriteAt(p []byte, off int64) (int, error) {
+func (d *direct) WriteAt(p []byte, off int64) (int, error) { return d.write("write", p, off, 0) }
+
+// WriteAtDurable writes len(p) bytes at off with RWF_DSYNC: durable when it
+// returns.
+func (d *direct) WriteAtDurable(p []byte, off int64) (int, error) {
+	return d.write("durable write", p, off, unix.RWF_DSYNC)
+}
+
+// write is WriteAt with pwritev2 flags rwf.
+func (d *direct) write(op string, p []byte, off int64, rwf int) (int, error) {
 	n := int64(len(p))
 	if err := d.checkIO(off, n, p, true); err != nil {
-		return 0, d.opError("write", off, n, err)
+		return 0, d.opError(op, off, n, err)
 	}
 	done := 0
 	err := d.withFD(func(fd int) (err error) {
-		done, err = pwriteFull(fd, p, off) // pwrite with either engine: see EngineIOUring
+		done, err = pwriteFull(fd, p, off, rwf) // pwrite with either engine: see EngineIOUring
 		return err
 	})
 	if err != nil {
-		return done, d.opError("write", off, n, err)
+		return done, d.opError(op, off, n, err)
 	}
 	return done, nil
 }
@@ -162,12 +171,19 @@ func preadFull(e reader, fd int, p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-// pwriteFull writes len(p) bytes at off with pwrite, retrying on EINTR and
-// continuing after partial transfers.
-func pwriteFull(fd int, p []byte, off int64) (int, error) {
+// pwriteFull writes len(p) bytes at off with pwrite (pwritev2 with flags rwf
+// when rwf is not 0), retrying on EINTR and continuing after partial
+// transfers.
+func pwriteFull(fd int, p []byte, off int64, rwf int) (int, error) {
 	done := 0
 	for done < len(p) {
-		n, err := unix.Pwrite(fd, p[done:], off+int64(done))
+		var n int
+		var err error
+		if rwf == 0 {
+			n, err = unix.Pwrite(fd, p[done:], off+int64(done))
+		} else {
+			n, err = unix.Pwritev2(fd, [][]byte{p[done:]}, off+int64(done), rwf)
+		}
 		if err == unix.EINTR {
 			continue
 		}
@@ -188,7 +204,7 @@ func writeZeroBuffers(fd int, off, n int64, align int) error {
 	zeros := alignedBuffer(int(min(n, 1<<20)), align)
 	for n > 0 {
 		step := min(n, int64(len(zeros)))
-		if _, err := pwriteFull(fd, zeros[:step], off); err != nil {
+		if _, err := pwriteFull(fd, zeros[:step], off, 0); err != nil {
 			return fmt.Errorf("write zeros at %d: %w", off, err)
 		}
 		off += step

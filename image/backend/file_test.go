@@ -44,6 +44,13 @@ func TestFileReadWriteFlush(t *testing.T) {
 		t.Fatal("read back differs from what was written")
 	}
 	wantZeros(t, "unwritten range", readBack(t, b, 0, 64<<10))
+	durable := aligned(64<<10, 7)
+	if _, err := b.WriteAtDurable(durable, 2*MiB); err != nil {
+		t.Fatalf("WriteAtDurable: %v", err)
+	}
+	if got := readBack(t, b, 2*MiB, len(durable)); !bytes.Equal(got, durable) {
+		t.Fatal("read back of a durable write differs from what was written")
+	}
 
 	// The data is in the file, as a plain read without O_DIRECT sees it.
 	raw, err := os.ReadFile(path)

@@ -102,6 +102,9 @@ func (m *Mem) WriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
+// WriteAtDurable is WriteAt: everything written to a Mem is durable.
+func (m *Mem) WriteAtDurable(p []byte, off int64) (int, error) { return m.WriteAt(p, off) }
+
 // Flush only counts: everything written to a Mem is durable.
 func (m *Mem) Flush() error {
 	m.mu.Lock()
