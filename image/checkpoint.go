@@ -98,7 +98,7 @@ func (s *Store) checkpointLocked() error {
 	}
 	s.sb = sb
 	s.jOff = 0
-	s.durableRec = rec
+	s.durableRec.Store(rec)
 	s.flushedWrites = writes
 	s.mu.Lock()
 	s.mu.ckptExts = exts

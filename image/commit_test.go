@@ -191,3 +191,81 @@ func TestGroupCommit(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteAtSync: a synchronous write is durable when it returns. An
+// O_DSYNC overwrite in place of durable mappings is a durable (FUA) write
+// and nothing else: no flush, no journal commit. Into a hole, while other
+// records are pending, or with all (O_SYNC), it commits. Each case is
+// checked by cutting power right after it returns, dropping every write
+// not made durable.
+func TestWriteAtSync(t *testing.T) {
+	c := backend.NewCrash(64 << 20)
+	c.CheckAlignment(512)
+	if err := Format(c, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(c, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d := mustCreate(t, s, "a", 1<<20)
+	defer d.Close()
+	old := bytes.Repeat([]byte{0x11}, 8192)
+	if _, err := d.WriteAt(old, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name             string
+		off              int64
+		n                int
+		all              bool
+		before           func() error // an unsynced change before the write
+		durable          uint64       // durable (FUA) writes it makes
+		flushes, commits uint64
+	}{
+		{name: "overwrite in place, aligned", off: 0, n: 4096, durable: 1},
+		{name: "overwrite in place, unaligned", off: 4096 + 100, n: 1000, durable: 1},
+		{name: "into a hole", off: 64 << 10, n: 4096, flushes: 2, commits: 1},
+		{name: "overwrite while a record is pending", off: 0, n: 4096, flushes: 2, commits: 1,
+			before: func() error { _, err := d.WriteAt(old[:4096], 128<<10); return err }},
+		{name: "overwrite, all (O_SYNC)", off: 0, n: 4096, all: true, flushes: 1, commits: 1},
+		{name: "growing the disk", off: 1 << 20, n: 4096, flushes: 2, commits: 1},
+	}
+	for i, st := range steps {
+		if st.before != nil {
+			if err := st.before(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := bytes.Repeat([]byte{byte(0x20 + i)}, st.n)
+		before := s.Metrics().Counters
+		if n, err := d.WriteAtSync(p, st.off, st.all); err != nil || n != st.n {
+			t.Fatalf("%s: WriteAtSync: %d, %v", st.name, n, err)
+		}
+		after := s.Metrics().Counters
+		if got := [3]uint64{after.DurableWrites - before.DurableWrites, after.Flushes - before.Flushes, after.Commits - before.Commits}; got != [3]uint64{st.durable, st.flushes, st.commits} {
+			t.Errorf("%s: %d durable writes, %d flushes, %d commits; want %d, %d, %d", st.name, got[0], got[1], got[2], st.durable, st.flushes, st.commits)
+		}
+		cut, err := Open(c.MemAt(c.OpCount(), nil, backend.DropUnflushed), Options{CommitInterval: -1, Logger: quietLogger()})
+		if err != nil {
+			t.Fatalf("%s: open after a power cut: %v", st.name, err)
+		}
+		h, err := cut.OpenDisk("a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, st.n)
+		if _, err := h.ReadAt(got, st.off); err != nil {
+			t.Fatalf("%s: read after a power cut: %v", st.name, err)
+		}
+		if !bytes.Equal(got, p) {
+			t.Errorf("%s: after a power cut right after it returned, the write is not there", st.name)
+		}
+		h.Close()
+		cut.Close()
+	}
+}

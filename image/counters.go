@@ -63,6 +63,9 @@ type Shard struct {
 	// Backend data I/O, by size in bytes and by latency in nanoseconds.
 	DataReadSize, DataWriteSize       Histogram
 	DataReadLatency, DataWriteLatency Histogram
+	// DurableWrites are the data writes made durable on their own (FUA),
+	// for synchronous overwrites in place; DataWriteSize counts them too.
+	DurableWrites atomic.Uint64
 
 	_ [cacheLine]byte // the next shard starts on another cache line
 }
@@ -90,6 +93,7 @@ type CounterSnapshot struct {
 	DataReadBytes     uint64 `json:"data_read_bytes"`
 	DataWrites        uint64 `json:"data_writes"`
 	DataWriteBytes    uint64 `json:"data_write_bytes"`
+	DurableWrites     uint64 `json:"durable_writes"`
 	MetaReads         uint64 `json:"meta_reads"`
 	MetaReadBytes     uint64 `json:"meta_read_bytes"`
 	MetaWrites        uint64 `json:"meta_writes"`
@@ -125,6 +129,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		out.DataReadBytes += sh.DataReadSize.sum.Load()
 		out.DataWrites += sh.DataWriteSize.count()
 		out.DataWriteBytes += sh.DataWriteSize.sum.Load()
+		out.DurableWrites += sh.DurableWrites.Load()
 	}
 	return out
 }

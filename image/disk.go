@@ -248,14 +248,49 @@ func (s *Store) readRuns(c *Shard, sc *scratch, buf []byte, first uint64) error 
 // mapped blocks are overwritten in place. On error nothing of the write is
 // mapped; bytes of already-mapped blocks may have changed, as on a disk.
 func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
+	n, _, err := h.write(p, off, false)
+	return n, err
+}
+
+// WriteAtSync is WriteAt for a synchronous write: it returns once the write
+// is durable together with what is needed to read it back, its mapping and
+// the disk's size (O_DSYNC, RWF_DSYNC), and with all the times too (O_SYNC).
+//
+// An O_DSYNC overwrite in place of blocks whose mappings are all durable
+// (no journal record of the store is pending) goes to the backing as
+// durable writes (Backend.WriteAtDurable, a FUA write) and needs no
+// commit, so concurrent ones do not wait for each other or for a flush.
+// Any other synchronous write (into a hole, growing the disk, while
+// records are pending, O_SYNC) is written as WriteAt writes and then
+// committed (CommitData, or Commit with all), sharing that commit with
+// concurrent committers. Either way, like a disk's FUA write, it makes
+// no promise for other writes that are not yet durable.
+func (h *Disk) WriteAtSync(p []byte, off int64, all bool) (int, error) {
+	n, durable, err := h.write(p, off, !all)
+	if err != nil || durable || n == 0 {
+		return n, err
+	}
+	commit := h.d.s.CommitData
+	if all {
+		commit = h.d.s.Commit
+	}
+	if err := commit(); err != nil {
+		return 0, fmt.Errorf("disk %d synchronous write of %d bytes at %d: %w", h.d.id, len(p), off, err)
+	}
+	return n, nil
+}
+
+// write is WriteAt; with mayFUA an overwrite in place of blocks whose
+// mappings are durable uses durable writes, and durable says it did.
+func (h *Disk) write(p []byte, off int64, mayFUA bool) (n int, durable bool, err error) {
 	if err := h.live(); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if err := checkRange(off, int64(len(p))); err != nil {
-		return 0, fmt.Errorf("disk %d write: %w", h.d.id, err)
+		return 0, false, fmt.Errorf("disk %d write: %w", h.d.id, err)
 	}
 	if len(p) == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
 	d := h.d
 	first, count := coalesce.BlockRange(uint64(off), uint64(len(p)), d.s.bs)
@@ -263,11 +298,11 @@ func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
 	defer lr.unlock()
 	sc := getScratch()
 	defer putScratch(sc)
-	if err := d.writeLocked(sc, p, off); err != nil {
-		return 0, err
+	if durable, err = d.writeLocked(sc, p, off, mayFUA); err != nil {
+		return 0, false, err
 	}
 	d.countRequest(sc, true, uint64(len(p)))
-	return len(p), nil
+	return len(p), durable, nil
 }
 
 // countRequest counts one read or write request of n bytes, served, into
@@ -296,12 +331,12 @@ func zeroHoles(buf []byte, segs []blockmap.Segment, first, bs uint64) {
 	}
 }
 
-// writeLocked is WriteAt with the range lock already held by the caller,
+// writeLocked is write with the range lock already held by the caller,
 // and a scratch of the caller's (empty).
-func (d *disk) writeLocked(sc *scratch, p []byte, off int64) error {
+func (d *disk) writeLocked(sc *scratch, p []byte, off int64, mayFUA bool) (durable bool, err error) {
 	s := d.s
 	if err := s.writable(); err != nil {
-		return fmt.Errorf("disk %d write: %w", d.id, err)
+		return false, fmt.Errorf("disk %d write: %w", d.id, err)
 	}
 	bs := s.bs
 	uoff, n := uint64(off), uint64(len(p))
@@ -323,34 +358,40 @@ func (d *disk) writeLocked(sc *scratch, p []byte, off int64) error {
 		defer s.pool.Put(buf)
 		if uoff%bs != 0 {
 			if err := s.fillBlock(c, buf[:bs], sc.segs, first); err != nil {
-				return fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
+				return false, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
 			}
 		}
 		if (uoff+n)%bs != 0 && (count > 1 || uoff%bs == 0) {
 			if err := s.fillBlock(c, buf[(count-1)*bs:], sc.segs, first+count-1); err != nil {
-				return fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
+				return false, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
 			}
 		}
 		copy(buf[uoff-first*bs:], p)
 	}
 
 	if err := s.allocHoles(sc, prev, hasPrev, true); err != nil {
-		return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
+		return false, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
 	}
+	// A synchronous overwrite in place needs nothing journalled when the
+	// mappings it writes through are durable: then the data only has to
+	// be, and durable writes make it so (WriteAtSync). The range lock
+	// keeps this range's mappings as they are, and every record that made
+	// them was appended before the lookup.
+	durable = mayFUA && len(sc.allocs) == 0 && !d.grows(off+int64(n)) && s.recordsDurable()
 
 	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
 	countCoalesce(c, sc.out, sc.runs)
 	for _, r := range sc.runs {
-		if err := s.writeData(c, buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys); err != nil {
+		if err := s.writeData(c, buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys, durable); err != nil {
 			s.unallocate(sc.allocs)
-			return fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
+			return false, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
 		}
 	}
 	s.writeGen.Add(1)
 	d.touch()
 
 	d.publishWrite(sc, off+int64(n))
-	return nil
+	return durable, nil
 }
 
 // allocHoles fills sc.out with sc.segs (a lookup), every hole given new
@@ -395,15 +436,28 @@ func (s *Store) allocHoles(sc *scratch, prev blockmap.Extent, hasPrev, mayCommit
 	return nil
 }
 
+// grows reports whether a write ending at end grows the disk.
+func (d *disk) grows(end int64) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return end > d.attr.Size
+}
+
+// recordsDurable reports whether every journal record appended so far is
+// durable: then every mapping in memory is on the backing too.
+func (s *Store) recordsDurable() bool {
+	s.mu.Lock()
+	appended := s.mu.recGen
+	s.mu.Unlock()
+	return s.durableRec.Load() >= appended
+}
+
 // publishWrite ends a write whose data is on the backing: it maps the
 // blocks allocHoles gave it and grows the disk to end, with their records.
 // The caller holds the write's range lock.
 func (d *disk) publishWrite(sc *scratch, end int64) {
 	s := d.s
-	d.mu.RLock()
-	grows := end > d.attr.Size
-	d.mu.RUnlock()
-	if len(sc.allocs) == 0 && !grows {
+	if len(sc.allocs) == 0 && !d.grows(end) {
 		return
 	}
 	s.cut.RLock()
@@ -577,7 +631,7 @@ func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
 		return err
 	}
 	fn(buf)
-	if err := s.writeData(c, buf, segs[0].Phys); err != nil {
+	if err := s.writeData(c, buf, segs[0].Phys, false); err != nil {
 		return err
 	}
 	s.writeGen.Add(1)

@@ -20,10 +20,16 @@ func (s *Store) readData(c *Shard, p []byte, phys uint64) error {
 	return nil
 }
 
-// writeData writes p at physical block phys, counting into c.
-func (s *Store) writeData(c *Shard, p []byte, phys uint64) error {
+// writeData writes p at physical block phys, counting into c; with durable,
+// as a durable (FUA) write.
+func (s *Store) writeData(c *Shard, p []byte, phys uint64, durable bool) error {
 	t := time.Now()
-	if _, err := s.be.WriteAt(p, s.dataOff+int64(phys*s.bs)); err != nil {
+	write := s.be.WriteAt
+	if durable {
+		write = s.be.WriteAtDurable
+		c.DurableWrites.Add(1)
+	}
+	if _, err := write(p, s.dataOff+int64(phys*s.bs)); err != nil {
 		s.stats.Errors.Add(1)
 		return err
 	}

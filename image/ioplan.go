@@ -32,6 +32,9 @@ type IOPlan struct {
 	FD  int
 	IOs []BackingIO
 	N   int
+	// Durable says the writes must be durable when they complete (RWF_DSYNC,
+	// a FUA write): a plan of PlanWriteSync.
+	Durable bool
 
 	write bool
 	off   int64
@@ -56,7 +59,7 @@ type BackingIO struct {
 // closed, or a write, punch or truncate holds part of the range (PlanRead
 // never waits).
 func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.plan(pl, p, off, maxIOs, false)
+	return h.plan(pl, p, off, maxIOs, false, false)
 }
 
 // PlanWrite plans the write of len(p) bytes at off from p, like WriteAt,
@@ -67,10 +70,20 @@ func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 // cannot be given blocks without waiting (a full store, whose WriteAt
 // commits to release freed blocks, or says ENOSPC).
 func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.plan(pl, p, off, maxIOs, true)
+	return h.plan(pl, p, off, maxIOs, true, false)
 }
 
-func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write bool) bool {
+// PlanWriteSync plans a synchronous (O_DSYNC) write, like WriteAtSync,
+// where durable writes alone make it durable: an overwrite in place of
+// blocks whose mappings are durable. The plan is Durable: its writes must
+// be issued as durable (FUA) writes. Anything else is declined, as by
+// PlanWrite, and also a write into holes or while journal records are
+// pending: WriteAtSync serves those, with a commit.
+func (h *Disk) PlanWriteSync(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
+	return h.plan(pl, p, off, maxIOs, true, true)
+}
+
+func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable bool) bool {
 	d, s := h.d, h.d.s
 	desc, ok := s.be.(backend.Descriptor)
 	if !ok || checkRange(off, int64(len(p))) != nil || len(p) == 0 || !coalesce.IsAligned(p) {
@@ -113,6 +126,9 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write bool) boo
 		return decline()
 	}
 	segs := sc.segs // what the I/O goes to
+	if durable && (hasHole(sc) || !s.recordsDurable()) {
+		return decline() // needs a commit: WriteAtSync's business
+	}
 	if write && hasHole(sc) {
 		// Blocks for the holes, without waiting for a commit to free
 		// any: a full store's writes go to WriteAt.
@@ -132,7 +148,7 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write bool) boo
 	if !write {
 		zeroHoles(buf, sc.segs, first, bs)
 	}
-	pl.FD, pl.N, pl.IOs = fd, int(n), pl.IOs[:0]
+	pl.FD, pl.N, pl.IOs, pl.Durable = fd, int(n), pl.IOs[:0], durable
 	for _, r := range sc.runs {
 		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(n))]
 		pl.IOs = append(pl.IOs, BackingIO{Off: s.dataOff + int64(r.Phys*bs), Buf: b})
@@ -164,6 +180,9 @@ func (pl *IOPlan) Finish() {
 		if pl.write {
 			c.DataWriteLatency.observeSince(pl.start)
 			c.DataWriteSize.Observe(uint64(len(io.Buf)))
+			if pl.Durable {
+				c.DurableWrites.Add(1)
+			}
 		} else {
 			c.DataReadLatency.observeSince(pl.start)
 			c.DataReadSize.Observe(uint64(len(io.Buf)))

@@ -57,7 +57,7 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64, times bool) error {
 	if s.opts.ReadOnly {
 		return nil
 	}
-	if s.durableRec >= wantRec && s.flushedWrites >= wantWrites && (!times || !s.timesDirty()) {
+	if s.durableRec.Load() >= wantRec && s.flushedWrites >= wantWrites && (!times || !s.timesDirty()) {
 		return nil
 	}
 	if times {
@@ -157,7 +157,7 @@ func (s *Store) writeCommitLocked(part pending, writes uint64) error {
 		s.stats.JournalBytes.Add(uint64(size))
 		s.jOff += size
 	}
-	s.durableRec = rec
+	s.durableRec.Store(rec)
 	s.release(part.quarantine)
 	return s.strictCheckLocked()
 }

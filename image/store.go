@@ -92,8 +92,11 @@ type Store struct {
 	// Guarded by commitMu:
 	sb            superblock // as last written
 	jOff          int64      // next free byte in the journal
-	durableRec    uint64     // mu.recGen value covered by the last commit
 	flushedWrites uint64     // writeGen value covered by the last flush
+	// durableRec is the mu.recGen value covered by the last commit:
+	// written under commitMu, read without it by a synchronous overwrite
+	// asking whether every mapping is durable (Disk.WriteAtSync).
+	durableRec atomic.Uint64
 
 	cut sync.RWMutex
 

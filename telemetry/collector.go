@@ -35,6 +35,7 @@ var (
 	dBackendSize     = desc("backend_io_size_bytes", "Size of backend data I/Os.", "op")
 	dBackendLatency  = desc("backend_latency_seconds", "Latency of backend data I/Os.", "op")
 	dBackendErrors   = desc("backend_errors_total", "Backend errors.")
+	dDurableWrites   = desc("backend_durable_writes_total", "Data writes made durable on their own (FUA), for synchronous overwrites; counted in backend_ios_total too.")
 	dFlushes         = desc("backend_flushes_total", "Backend flushes (cache flush / fdatasync).")
 	dFlushLatency    = desc("backend_flush_latency_seconds", "Latency of backend flushes.")
 	dDiscards        = desc("backend_discards_total", "Discards passed down for freed blocks.")
@@ -55,7 +56,7 @@ var (
 
 var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
 	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
-	dBackendErrors, dFlushes, dFlushLatency, dDiscards, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
+	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
 	dCapacity, dFree, dLargestFree, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency}
 
 // Describe implements prometheus.Collector.
@@ -106,6 +107,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	hist(dBackendLatency, "data_read_latency_seconds", "read")
 	hist(dBackendLatency, "data_write_latency_seconds", "write")
 	counter(dBackendErrors, k.Errors)
+	counter(dDurableWrites, k.DurableWrites)
 	counter(dFlushes, k.Flushes)
 	hist(dFlushLatency, "flush_latency_seconds")
 	counter(dDiscards, k.Discards)

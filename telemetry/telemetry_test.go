@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,7 @@ type storeSource struct {
 
 func (s storeSource) Metrics() image.Metrics                        { return s.s.Metrics() }
 func (s storeSource) OpMetrics() map[string]image.HistogramSnapshot { return s.ops }
+func (s storeSource) Sync() error                                    { return s.s.Commit() }
 
 func newSource(t *testing.T) storeSource {
 	mem := backend.NewMem(64 << 20)
@@ -115,7 +117,7 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, label string) float6
 func TestServeAndFetch(t *testing.T) {
 	src := newSource(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	stop, err := Serve(Handler(src, mnt, "store.img"), mnt, "127.0.0.1:0", false)
+	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, "127.0.0.1:0", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,12 +132,28 @@ func TestServeAndFetch(t *testing.T) {
 	if _, err := Fetch(filepath.Join(t.TempDir(), "elsewhere")); err == nil {
 		t.Fatal("Fetch of a mount point nobody serves succeeded")
 	}
+	// POST /sync commits, on the socket only: the TCP listener's
+	// handler has no such request.
+	if err := Sync(mnt); err != nil {
+		t.Fatal(err)
+	}
+	if n := src.s.Counters().Commits; n != 1 {
+		t.Errorf("after Sync: %d commits, want 1", n)
+	}
+	rec := httptest.NewRecorder()
+	Handler(src, mnt, "").ServeHTTP(rec, httptest.NewRequest("POST", "/sync", nil))
+	if rec.Code == http.StatusNoContent {
+		t.Error("the metrics handler served POST /sync")
+	}
+	if err := Sync(filepath.Join(t.TempDir(), "elsewhere")); err == nil {
+		t.Fatal("Sync of a mount point nobody serves succeeded")
+	}
 }
 
 func TestMetricsEndpointLoopbackOnly(t *testing.T) {
 	src := newSource(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	if _, err := Serve(Handler(src, mnt, ""), mnt, "0.0.0.0:0", false); err == nil {
+	if _, err := Serve(Handler(src, mnt, ""), src, mnt, "0.0.0.0:0", false); err == nil {
 		t.Fatal("metrics on 0.0.0.0 accepted without allowRemote")
 	}
 	for _, ok := range []string{"127.0.0.1:1", "[::1]:1", "localhost:1"} {
