@@ -15,8 +15,10 @@ import (
 // goroutine hand-off and no thread blocked in pread or pwrite. What cannot
 // be planned without waiting (unaligned I/O, growing writes, writes a full
 // store must commit for, ranges held by other requests) takes the usual
-// path through go-fuse, and so do synchronous writes (O_SYNC, O_DSYNC),
-// whose reply waits for a commit (sync.go).
+// path through go-fuse, and so do the synchronous writes (O_SYNC, O_DSYNC)
+// that need a commit before their reply (sync.go); an O_DSYNC overwrite in
+// place of durable mappings is a durable write on the ring and is served
+// here.
 //
 // The kernel's request names the node (the disk's inode number, as the
 // mount uses ExternalNodeID) and the file handle; go-fuse keeps the handle
@@ -40,17 +42,21 @@ type ownerRequest struct {
 }
 
 func (r *ownerRequest) Start(nodeID, off uint64, buf []byte, write bool, flags uint32, maxIOs int) bool {
-	if off > math.MaxInt64 || write && syncModeOf(flags) != syncNone {
-		return false // a synchronous write waits for a commit: a worker's (syncFS)
+	sync := syncModeOf(flags)
+	if off > math.MaxInt64 || write && sync == syncAll {
+		return false // O_SYNC waits for a commit of the times: a worker's (syncFS)
 	}
 	f := r.v.pin(nodeID)
 	if f == nil {
 		return false
 	}
 	planned := false
-	if write {
+	switch {
+	case write && sync == syncData:
+		planned, r.op = f.disk.PlanWriteSync(&r.plan, buf, int64(off), maxIOs), "WRITE"
+	case write:
 		planned, r.op = f.disk.PlanWrite(&r.plan, buf, int64(off), maxIOs), "WRITE"
-	} else {
+	default:
 		planned, r.op = f.disk.PlanRead(&r.plan, buf, int64(off), maxIOs), "READ"
 	}
 	if !planned {
@@ -65,8 +71,12 @@ func (r *ownerRequest) Plan() *image.IOPlan { return &r.plan }
 
 func (r *ownerRequest) End(ok bool) {
 	if ok {
+		durable := r.plan.Durable
 		r.plan.Finish()
 		r.timed.since(r.op, r.start)
+		if durable {
+			r.timed.since("SYNC_WRITE", r.start)
+		}
 	} else {
 		r.plan.Abort()
 	}

@@ -38,11 +38,12 @@ import (
 // plDisk is one disk of the power-loss workload. Only its own goroutine
 // touches it while the workload runs.
 type plDisk struct {
-	name  string
-	tag   byte
-	data  []byte   // the model: what the disk reads now
-	steps []plStep // every change, in order
-	syncs []plSync // every completed fsync
+	name     string
+	tag      byte
+	data     []byte      // the model: what the disk reads now
+	steps    []plStep    // every change, in order
+	syncs    []plSync    // every completed fsync
+	promises []plPromise // every completed synchronous write or fallocate
 }
 
 // plStep is one change through the mount; its backend ops come after start
@@ -60,6 +61,16 @@ type plSync struct {
 	op    int
 	steps int // len(steps) at the fsync: later steps came after it
 	data  []byte
+}
+
+// plPromise is a synchronous write or fallocate (O_DSYNC, O_SYNC, RWF_DSYNC,
+// RWF_SYNC) that returned: like a FUA write it promises its own bytes, not
+// the rest of the disk. op is the op count read after it returned; the
+// steps from index steps on came after it.
+type plPromise struct {
+	op, steps int
+	lo, hi    int64
+	data      []byte // what [lo, hi) reads
 }
 
 // quietLogger keeps the expected warnings of recovery out of the output.
@@ -202,8 +213,7 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 	}
 	defer df.Close()
 	// Synchronous opens: every write or fallocate on them is promised
-	// when it returns, like a write followed by fdatasync (O_DSYNC) or
-	// fsync (O_SYNC).
+	// when it returns.
 	bsf, err := os.OpenFile(path, os.O_RDWR|unix.O_DSYNC, 0)
 	if err != nil {
 		return err
@@ -216,6 +226,14 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 	defer dsf.Close()
 	synced := func() {
 		d.syncs = append(d.syncs, plSync{op: c.OpCount(), steps: len(d.steps), data: bytes.Clone(d.data)})
+	}
+	// promised records a synchronous change of [lo, hi) that returned.
+	promised := func(st plStep) {
+		d.steps = append(d.steps, st)
+		size := int64(len(d.data)) // a fallocate may lie past the end
+		lo, hi := min(st.lo, size), min(st.hi, size)
+		d.promises = append(d.promises, plPromise{op: c.OpCount(), steps: len(d.steps), lo: lo, hi: hi,
+			data: bytes.Clone(d.data[lo:hi])})
 	}
 	abuf := directio.AlignedBlock(64 << 10)
 	fill := func(p []byte) {
@@ -283,8 +301,7 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 			}
 			d.write(p, off)
 			st.lo, st.hi, st.resize = off, off+n, off+n > size
-			d.steps = append(d.steps, st)
-			synced()
+			promised(st)
 			continue
 		case k < 72: // punch or zero a range, keeping the size
 			off := rng.Int64N(limit)
@@ -305,8 +322,7 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 			}
 			st.lo, st.hi = off, off+n
 			if f == bsf {
-				d.steps = append(d.steps, st)
-				synced()
+				promised(st)
 				continue
 			}
 		case k < 80: // truncate, either way
@@ -416,6 +432,42 @@ func verifyPowerCut(c *backend.Crash, op int, mode backend.CrashMode, rng *rand.
 			}
 			if err := isolated(got[a:b], a, d.tag); err != nil {
 				return fmt.Errorf("%s: %w", d.name, err)
+			}
+		}
+		if err := d.checkPromises(got, op); err != nil {
+			return fmt.Errorf("%s: %w", d.name, err)
+		}
+	}
+	return nil
+}
+
+// checkPromises checks got, the disk after a power cut right after op,
+// against every synchronous change that had returned by then: its bytes
+// are there unless a later change of the disk, started by the cut, may
+// have changed them.
+func (d *plDisk) checkPromises(got []byte, op int) error {
+	for _, pr := range d.promises {
+		if pr.op > op {
+			break
+		}
+		var later []plStep
+		resized := false
+		for _, st := range d.steps[pr.steps:] {
+			if st.start <= op {
+				later = append(later, st)
+				resized = resized || st.resize
+			}
+		}
+		if int64(len(got)) < pr.hi && !resized {
+			return fmt.Errorf("size %d, but a synchronous change of [%d, %d) returned at op %d and nothing resized the disk since", len(got), pr.lo, pr.hi, pr.op)
+		}
+		_, untouched := split(min(pr.hi, int64(len(got))), later)
+		for _, r := range untouched {
+			a, b := max(r[0], pr.lo), r[1]
+			for i := a; i < b; i++ {
+				if got[i] != pr.data[i-pr.lo] {
+					return fmt.Errorf("byte %d is %#x, %#x by a synchronous change that returned at op %d, and nothing wrote it since", i, got[i], pr.data[i-pr.lo], pr.op)
+				}
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"math"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -17,15 +18,17 @@ import (
 // does give us is the flags: fuse_write_in.flags is the file's f_flags,
 // with O_DSYNC added for a per-call RWF_DSYNC and O_SYNC for RWF_SYNC
 // (fuse_write_flags in fs/fuse/file.c). So a WRITE is durable before its
-// reply when its flags ask for it: O_DSYNC as fdatasync would make it
-// (image.Store.CommitData: data, map and size), O_SYNC as fsync would
-// (image.Store.Commit: the times too). fallocate carries no flags, so a
-// punch, zero range or allocation is synced by the open flags of its
-// handle.
+// reply when its flags ask for it (image.Disk.WriteAtSync): with O_DSYNC
+// the data and what is needed to read it back (map, size), with O_SYNC the
+// times too. fallocate carries no flags, so a punch, zero range or
+// allocation is committed by the open flags of its handle
+// (image.Store.CommitData, Commit).
 //
-// The cost is shared: concurrent synchronous writes wait for the same
-// commit, so 32 writers in flight pay for about one flush each round
-// (group commit, see image.Store.Commit), not 32 in series.
+// The cost stays small and shared: an O_DSYNC overwrite in place of blocks
+// whose mappings are durable is a durable (FUA) write of its own and waits
+// for nothing else; any other synchronous write waits for a commit that
+// concurrent ones share (group commit, see image.Store.Commit), so 32
+// writers in flight pay for about one flush each round, not 32 in series.
 //
 // The io_uring queue threads do not serve synchronous writes themselves
 // (ownerRequest.Start declines them): waiting for a commit would stall
@@ -71,10 +74,16 @@ func (v *vfs) makeDurable(m syncMode) error {
 	return nil
 }
 
-// syncFS makes WRITE requests whose flags ask for O_SYNC or O_DSYNC durable
-// before they are answered. It wraps the node file system, under timedFS,
-// so the WRITE latency includes the commit; the commit's own wait is the
-// SYNC_WRITE operation of the FUSE layer's figures.
+// syncFS serves WRITE requests whose flags ask for O_SYNC or O_DSYNC with
+// image.Disk.WriteAtSync, which returns once the write is durable, so the
+// reply promises it. Other requests pass through. It wraps the node file
+// system, under timedFS, so the WRITE latency includes the commit; the
+// synchronous writes alone are the SYNC_WRITE operation of the FUSE
+// layer's figures.
+//
+// Like the io_uring queues' own requests (ownerIO), a synchronous write
+// uses any open handle of the disk, pinned while it runs: every handle of
+// a disk writes the same disk.
 type syncFS struct {
 	fuse.RawFileSystem
 	v     *vfs
@@ -83,29 +92,54 @@ type syncFS struct {
 
 // Writev is how go-fuse delivers WRITE first (Write only after ENOSYS).
 func (s *syncFS) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
+	if m := syncModeOf(in.Flags); m != syncNone && len(data) == 1 {
+		return s.writeSync(cancel, in, data[0], m)
+	}
 	n, st := s.RawFileSystem.Writev(cancel, in, data)
 	return s.durable(in, n, st)
 }
 
 func (s *syncFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
-	n, st := s.RawFileSystem.Write(cancel, in, data)
-	return s.durable(in, n, st)
+	if m := syncModeOf(in.Flags); m != syncNone {
+		return s.writeSync(cancel, in, data, m)
+	}
+	return s.RawFileSystem.Write(cancel, in, data)
 }
 
-// durable ends a WRITE that returned n, st: a successful synchronous one is
-// answered only once it is durable.
+// writeSync serves a synchronous WRITE.
+func (s *syncFS) writeSync(cancel <-chan struct{}, in *fuse.WriteIn, data []byte, m syncMode) (uint32, fuse.Status) {
+	defer s.timed.since("SYNC_WRITE", time.Now())
+	f := s.v.pin(in.NodeId)
+	if f == nil || in.Offset > math.MaxInt64 {
+		// No handle we know of (cannot happen for a WRITE, which comes
+		// on an open file): the node file system's write, then a commit.
+		if f != nil {
+			s.v.unpin(f)
+		}
+		n, st := s.RawFileSystem.Write(cancel, in, data)
+		return s.durable(in, n, st)
+	}
+	defer s.v.unpin(f)
+	n, err := f.disk.WriteAtSync(data, int64(in.Offset), m == syncAll)
+	if err != nil {
+		return 0, fuse.Status(s.v.toErrno(err, "write", f.fields("offset", in.Offset, "length", len(data), "sync", m.String())))
+	}
+	return uint32(n), fuse.OK
+}
+
+// durable ends a write that the node file system served and that returned
+// n, st: a successful synchronous one is answered only once the store is
+// committed.
 func (s *syncFS) durable(in *fuse.WriteIn, n uint32, st fuse.Status) (uint32, fuse.Status) {
 	m := syncModeOf(in.Flags)
 	if st != fuse.OK || m == syncNone {
 		return n, st
 	}
-	start := time.Now()
 	if err := s.v.makeDurable(m); err != nil {
 		// The bytes are on the backing but not promised: the caller
 		// must not take the write as done (POSIX: the write fails).
 		return 0, fuse.Status(s.v.toErrno(err, "write", logrus.Fields{"ino": in.NodeId,
 			"offset": in.Offset, "length": in.Size, "sync": m.String()}))
 	}
-	s.timed.since("SYNC_WRITE", start)
 	return n, st
 }

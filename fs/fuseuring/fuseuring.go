@@ -572,12 +572,15 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		return true
 	}
 	q.ownerIO++
-	opcode := uint8(iouring.OpRead)
+	opcode, rwFlags := uint8(iouring.OpRead), uint32(0)
 	if write {
 		opcode = iouring.OpWrite
 	}
+	if plan.Durable {
+		rwFlags = unix.RWF_DSYNC // a FUA write: durable when it completes
+	}
 	for i, io := range plan.IOs {
-		rg.Put(iouring.SQE{Opcode: opcode, Fd: int32(plan.FD), Off: uint64(io.Off),
+		rg.Put(iouring.SQE{Opcode: opcode, Fd: int32(plan.FD), Off: uint64(io.Off), RWFlags: rwFlags,
 			Addr: uint64(uintptr(unsafe.Pointer(&io.Buf[0]))), Len: uint32(len(io.Buf)),
 			UserData: ioTag | uint64(e.idx)<<16 | uint64(i)})
 	}

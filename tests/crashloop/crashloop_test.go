@@ -147,7 +147,7 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			copy(m.cur[off:], p)
 			m.size = max(m.size, off+n)
 			if syncOpen || rwf != 0 {
-				m.promise()
+				m.promiseRange(off, n)
 			}
 		case op < 7: // punch a hole
 			off, n := rng.Int64N(diskSpan), rng.Int64N(512<<10)
@@ -159,7 +159,7 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 				clear(m.cur[off:min(off+n, m.size)])
 			}
 			if syncOpen {
-				m.promise()
+				m.promiseRange(off, n)
 			}
 		case op < 8: // truncate
 			size := rng.Int64N(diskSpan)
@@ -181,8 +181,20 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 	}
 }
 
+// promiseRange records that a synchronous write or punch of [off, off+n)
+// returned: like a FUA write, it promises those bytes as they are now, and
+// nothing else.
+func (m *diskModel) promiseRange(off, n int64) {
+	end := min(off+n, diskSpan)
+	if off >= end {
+		return
+	}
+	copy(m.synced[off:end], m.cur[off:end])
+	clear(m.touched[off:end])
+}
+
 // promise records that everything the disk acknowledged so far is durable:
-// an fsync, or a synchronous write or punch, has returned.
+// an fsync returned.
 func (m *diskModel) promise() {
 	copy(m.synced, m.cur)
 	clear(m.touched)
