@@ -24,7 +24,7 @@ type storeSource struct {
 
 func (s storeSource) Metrics() image.Metrics                        { return s.s.Metrics() }
 func (s storeSource) OpMetrics() map[string]image.HistogramSnapshot { return s.ops }
-func (s storeSource) Sync() error                                    { return s.s.Commit() }
+func (s storeSource) Sync() error                                   { return s.s.Commit() }
 
 func newSource(t *testing.T) storeSource {
 	mem := backend.NewMem(64 << 20)
