@@ -54,6 +54,9 @@
 //
 //	disk range lock → Store.commitMu → Store.cut → disk.mu → Store.mu
 //
+// Rename over an existing disk holds two disks' mu at once, the lower id
+// first.
+//
 // The range lock orders overlapping requests on one disk (shared for reads,
 // exclusive for writes, punches and truncates) and is the only lock held
 // across backend data I/O; an IOPlan (PlanRead, PlanWrite) holds it, taken
