@@ -581,6 +581,11 @@ func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
 		return err
 	}
 	s.writeGen.Add(1)
+	// The caller's size or punch record relies on this write: the commit
+	// that makes the record durable must flush it first.
+	s.mu.Lock()
+	s.mu.pend.dataFirst()
+	s.mu.Unlock()
 	return nil
 }
 

@@ -23,7 +23,9 @@
 //  1. New data goes to newly allocated blocks; its mapping is journalled
 //     only after the data write completed, and a commit holding mappings
 //     flushes the data before it writes the journal (a commit without one
-//     has no data to order and flushes once, after its journal write).
+//     has no data to order and flushes once, after its journal write,
+//     unless a truncate or punch zeroed part of a block in place before its
+//     record: that zeroing is flushed first too).
 //  2. Writes to mapped blocks go in place.
 //  3. Freed blocks (punch, truncate, remove) stay in quarantine until the
 //     record that frees them is durable; only then may another disk get them.
