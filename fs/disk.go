@@ -214,7 +214,7 @@ type diskFile struct {
 	vfs  *vfs
 	node *diskNode
 	disk *image.Disk
-	pins int // owner requests in flight on disk (ownerIO); guarded by vfs.mu
+	pins int // owner requests (ownerIO) and withOpenHandle calls using disk; guarded by vfs.mu
 }
 
 var (
