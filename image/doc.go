@@ -9,7 +9,7 @@
 // root gives every structure byte by byte; format.go is its only encoder and
 // decoder.
 //
-// # What a disk promises (the crash contract of DESIGN.md)
+// # What a disk promises (the crash contract of docs/DESIGN.md)
 //
 // A Disk behaves like a real disk with a volatile write cache. After Sync
 // returns, every write acknowledged before it survives a crash of the

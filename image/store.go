@@ -552,7 +552,7 @@ func (s *Store) appendLocked(recs ...record) {
 }
 
 // quarantineLocked holds blocks freed by the records appended last until
-// those are durable (DESIGN.md, crash rule 3). Caller holds s.mu.
+// those are durable (docs/DESIGN.md, crash rule 3). Caller holds s.mu.
 func (s *Store) quarantineLocked(freed []blockmap.Extent) {
 	q := make([]pext, len(freed))
 	for i, f := range freed {
