@@ -246,7 +246,7 @@ func TestStatfs(t *testing.T) {
 
 // TestLocks: flock and OFD locks are kept by the kernel (EnableLocks is
 // off): they succeed, and a conflicting OFD lock gets EAGAIN, which is
-// what cloud-hypervisor and QEMU need to start (CLIENTS.md trap 2).
+// what cloud-hypervisor and QEMU need to start (docs/CLIENTS.md trap 2).
 func TestLocks(t *testing.T) {
 	tc := newTestCase(t)
 	if err := os.WriteFile(tc.path("d.raw"), make([]byte, 1<<20), 0o600); err != nil {

@@ -215,7 +215,7 @@ type diskFile struct {
 	node *diskNode
 	disk *image.Disk
 	sync syncMode // from the open flags: what a fallocate must make durable
-	pins int      // owner requests in flight on disk (ownerIO); guarded by vfs.mu
+	pins int      // owner requests (ownerIO) and withOpenHandle calls using disk; guarded by vfs.mu
 }
 
 var (

@@ -24,7 +24,7 @@
 // honest: go-fuse would make st_blocks up from the size if st_blksize were
 // left 0), st_blksize 1 MiB (see below).
 //
-// # Settings, and why (CLIENTS.md traps)
+// # Settings, and why (docs/CLIENTS.md traps)
 //
 //   - Never ENOSYS for FSYNC, FALLOCATE, LSEEK or COPY_FILE_RANGE (trap 1):
 //     the kernel remembers ENOSYS for the whole mount. Fsync is Disk.Sync

@@ -21,7 +21,7 @@ import (
 
 // TestConcurrentWriters: goroutines write at once to one disk, half with
 // unaligned buffered writes and half with 512-byte-aligned O_DIRECT writes
-// (cloud-hypervisor's sector size, CLIENTS.md trap 5), each in its own byte
+// (cloud-hypervisor's sector size, docs/CLIENTS.md trap 5), each in its own byte
 // ranges, which are interleaved so that neighbouring writers share 4 KiB
 // blocks (read-modify-write under concurrency). The result must equal a
 // reference model.
@@ -244,7 +244,7 @@ func TestFsyncDurable(t *testing.T) {
 
 // TestNoENOSYS: fsync, fdatasync, fallocate, lseek and copy_file_range
 // never answer ENOSYS, which the kernel would remember for the whole
-// mount (CLIENTS.md trap 1); copy_file_range falls back to the kernel's
+// mount (docs/CLIENTS.md trap 1); copy_file_range falls back to the kernel's
 // own copy and still copies.
 func TestNoENOSYS(t *testing.T) {
 	tc := newTestCase(t)
@@ -344,7 +344,7 @@ func mmapHelper(t *testing.T, path string) {
 
 // TestInvalidateDisk: a resize made through the Store behind the mount's
 // back is seen after InvalidateDisk, also by O_DIRECT reads past the old
-// size (CLIENTS.md trap 10).
+// size (docs/CLIENTS.md trap 10).
 func TestInvalidateDisk(t *testing.T) {
 	tc := newTestCase(t)
 	if err := os.WriteFile(tc.path("d.raw"), bytes.Repeat([]byte{1}, 1<<20), 0o600); err != nil {

@@ -25,7 +25,7 @@ const (
 	// pages): one request, one backend run.
 	maxWrite = 1 << 20
 	// defaultMaxBackground covers four disks at iodepth 128 of async
-	// direct I/O (CLIENTS.md trap 3).
+	// direct I/O (docs/CLIENTS.md trap 3).
 	defaultMaxBackground = 512
 	// attrTimeout and entryTimeout: every size and name change goes
 	// through this mount, so the kernel's copies stay right; the timeouts
@@ -252,7 +252,7 @@ func lazyUnmount(mountpoint string) error {
 // called name (attributes, above all its size, and any cached pages) and
 // the name itself. Changes made through the mount need no such call; it is
 // for an in-process caller that resizes or renames a disk through the Store
-// directly while the store is mounted (CLIENTS.md trap 10: the kernel
+// directly while the store is mounted (docs/CLIENTS.md trap 10: the kernel
 // answers O_DIRECT reads past the size it caches with EOF).
 func (s *Server) InvalidateDisk(name string) error {
 	select {

@@ -43,7 +43,7 @@ func (b *slowBackend) WriteAt(p []byte, off int64) (int, error) {
 func (b *slowBackend) reset() { b.maxSeen.Store(0); b.writes.Store(0) }
 
 // TestParallelDirectWrites: O_DIRECT writes to one file reach the backend
-// in parallel, from threads (FOPEN_PARALLEL_DIRECT_WRITES, CLIENTS.md trap
+// in parallel, from threads (FOPEN_PARALLEL_DIRECT_WRITES, docs/CLIENTS.md trap
 // 4) and from Linux AIO submitted by one thread (CAP_ASYNC_DIO and a raised
 // MaxBackground, trap 3). Without those settings the kernel sends them one
 // at a time and the backend never sees two at once.

@@ -45,7 +45,7 @@ func bfree(t *testing.T, path string) uint64 {
 // TestFallocate: punch-hole and zero-range read back zeros and free
 // space (st_blocks and statfs), allocation grows st_blocks, the
 // cloud-hypervisor probes past the end answer 0 without a size change, and
-// unsupported modes are EOPNOTSUPP (never ENOSYS: CLIENTS.md trap 1).
+// unsupported modes are EOPNOTSUPP (never ENOSYS: docs/CLIENTS.md trap 1).
 func TestFallocate(t *testing.T) {
 	tc := newTestCase(t)
 	const size = 16 << 20

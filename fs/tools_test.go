@@ -41,7 +41,7 @@ func TestBigDirectDD(t *testing.T) {
 }
 
 // TestBigDDBackendWrites: dd of 1 GiB in 1 MiB O_DIRECT writes is about
-// one backend data write per MiB (DESIGN.md: keep large I/O large).
+// one backend data write per MiB (docs/DESIGN.md: keep large I/O large).
 func TestBigDDBackendWrites(t *testing.T) {
 	tc := newTestCase(t)
 	before := tc.store.Counters()
@@ -109,7 +109,7 @@ func duBytes(t *testing.T, path string) int64 {
 
 // TestCpSparse: cp --sparse=always of a sparse image into the mount is
 // identical and about as sparse as the source; cp over an existing disk
-// (which truncates it, CLIENTS.md trap 9) works too.
+// (which truncates it, docs/CLIENTS.md trap 9) works too.
 func TestCpSparse(t *testing.T) {
 	tc := newTestCase(t)
 	src := filepath.Join(tc.dir, "src.raw")

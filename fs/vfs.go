@@ -88,8 +88,8 @@ func (v *vfs) register(f *diskFile) bool {
 }
 
 // unregister forgets an open handle, and waits until no owner request
-// (ownerIO) has it pinned, so that the caller may close it; false if it was not
-// registered (it was closed by closeAll already).
+// (ownerIO) or withOpenHandle has it pinned, so that the caller may close
+// it; false if it was not registered (it was closed by closeAll already).
 func (v *vfs) unregister(f *diskFile) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -133,16 +133,18 @@ func (v *vfs) unpin(f *diskFile) {
 }
 
 // withOpenHandle runs fn on a handle of an open file of n's disk, if there
-// is one; the handle stays open while fn runs. For requests that come
-// without a file handle on a disk that has lost its name (unlinked while
-// open).
+// is one; the handle stays open (pinned, as for ownerIO) while fn runs. For
+// requests that come without a file handle on a disk that has lost its
+// name (unlinked while open). fn runs without v.mu: a truncate waits for
+// the ranges of requests in flight, and a queue thread that must finish
+// one of them may be waiting for v.mu in pin.
 func (v *vfs) withOpenHandle(n *diskNode, fn func(*image.Disk) error) (bool, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if open := v.mu.files[inoOf(n.id)]; len(open) > 0 {
-		return true, fn(open[0].disk)
+	f := v.pin(inoOf(n.id))
+	if f == nil {
+		return false, nil
 	}
-	return false, nil
+	defer v.unpin(f)
+	return true, fn(f.disk)
 }
 
 // closeAll closes the handles the kernel did not release before the mount

@@ -16,7 +16,7 @@ import (
 // backend, then cuts power at every flush boundary and at random points
 // (with unflushed writes dropped, kept at random, or torn at sector
 // granularity), reopens each possible state and checks the contract of
-// DESIGN.md: the store opens, Check is clean, every byte acknowledged before
+// docs/DESIGN.md: the store opens, Check is clean, every byte acknowledged before
 // the last completed Sync reads back exactly, and no disk shows a byte of
 // another disk or of a deleted one.
 //

@@ -635,6 +635,11 @@ func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
 		return err
 	}
 	s.writeGen.Add(1)
+	// The caller's size or punch record relies on this write: the commit
+	// that makes the record durable must flush it first.
+	s.mu.Lock()
+	s.mu.pend.dataFirst()
+	s.mu.Unlock()
 	return nil
 }
 
@@ -708,7 +713,7 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 		}
 	}
 	if !keepSize && off+n > size {
-		d.setSize(off + n)
+		d.growSize(off + n)
 	}
 	d.touch()
 	return nil
@@ -752,6 +757,27 @@ func (d *disk) setSize(size int64) {
 	s.mu.extents += d.m.Len() - before
 	s.appendLocked(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
 	s.quarantineLocked(freed)
+}
+
+// growSize raises the size to size and journals it; it never lowers it.
+// A grower (Allocate, ZeroRange) reads the size when it starts and holds
+// only its own range, so a write past that range may have grown the disk
+// further meanwhile: that size, and the write's blocks, stay. Caller holds
+// an exclusive range lock over its own range.
+func (d *disk) growSize(size int64) {
+	s := d.s
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if size <= d.attr.Size {
+		return
+	}
+	d.attr.Size = size
+	d.attr.Ctime = time.Now().UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.appendLocked(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
 }
 
 // Truncate sets the disk's size. Shrinking frees every block past the new
@@ -822,7 +848,7 @@ func (h *Disk) Allocate(off, n int64, keepSize bool) error {
 		}
 	}
 	if !keepSize && off+n > size {
-		d.setSize(off + n)
+		d.growSize(off + n)
 	}
 	return nil
 }

@@ -9,7 +9,7 @@
 // root gives every structure byte by byte; format.go is its only encoder and
 // decoder.
 //
-// # What a disk promises (the crash contract of DESIGN.md)
+// # What a disk promises (the crash contract of docs/DESIGN.md)
 //
 // A Disk behaves like a real disk with a volatile write cache. After Sync
 // returns, every write acknowledged before it survives a crash of the
@@ -23,7 +23,9 @@
 //  1. New data goes to newly allocated blocks; its mapping is journalled
 //     only after the data write completed, and a commit holding mappings
 //     flushes the data before it writes the journal (a commit without one
-//     has no data to order and flushes once, after its journal write).
+//     has no data to order and flushes once, after its journal write,
+//     unless a truncate or punch zeroed part of a block in place before its
+//     record: that zeroing is flushed first too).
 //  2. Writes to mapped blocks go in place.
 //  3. Freed blocks (punch, truncate, remove) stay in quarantine until the
 //     record that frees them is durable; only then may another disk get them.
@@ -53,6 +55,9 @@
 // in this order (see Store for what each guards):
 //
 //	disk range lock → Store.commitMu → Store.cut → disk.mu → Store.mu
+//
+// Rename over an existing disk holds two disks' mu at once, the lower id
+// first.
 //
 // The range lock orders overlapping requests on one disk (shared for reads,
 // exclusive for writes, punches and truncates) and is the only lock held

@@ -114,9 +114,11 @@ func (s *Store) commitReserveLocked(writes uint64, ckptErr error) error {
 // then release the blocks its records freed. Caller holds commitMu and
 // s.mu, which it releases.
 //
-// Only map records point to data: a commit without one (times, sizes,
-// names, punches) skips the first flush, and the flush after it makes the
-// data written before it durable too. Should power fail between the two,
+// Only map records, and the zeroing a truncate or punch did in place before
+// its record (pending.dataFirst), make a record depend on data (part.maps):
+// a commit without either (times, sizes, names, punches of whole blocks)
+// skips the first flush, and the flush after it makes the data written
+// before it durable too. Should power fail between the two,
 // such a commit may be durable without that data, which is harmless: the
 // data's blocks were mapped by earlier commits and still read as either
 // their old or their new bytes. That halves the flushes of a timed commit

@@ -12,9 +12,11 @@ type pending struct {
 	count      uint32 // records in recs
 	quarantine []pext // blocks freed by those records, held until they are durable
 	cuts       []pendingCut
-	// maps: some record maps blocks, so the data written into them must be
-	// durable before the commit holding it is written. Kept for the whole
-	// batch: parts split from it by takePrefix inherit it.
+	// maps: the data some record relies on must be durable before the
+	// commit holding it is written: a record maps blocks (the data written
+	// into them), or a truncate or punch zeroed part of a block in place
+	// before its record (dataFirst). Kept for the whole batch: parts split
+	// from it by takePrefix inherit it.
 	maps bool
 }
 
@@ -37,6 +39,14 @@ func (p *pending) add(recs []record) {
 	}
 	p.count += uint32(len(recs))
 }
+
+// dataFirst makes the next commit flush the data before it writes the
+// journal, as for a map record: data was written in place that a record
+// appended later relies on (a truncate or punch zeroed the tail of a
+// partial block, and its size or punch record must not be durable without
+// that zeroing). Call it after that write completed: whichever commit takes
+// the flag flushes after the write, before the record can be durable.
+func (p *pending) dataFirst() { p.maps = true }
 
 // hold quarantines blocks freed by the mutation added last.
 func (p *pending) hold(freed []pext) { p.quarantine = append(p.quarantine, freed...) }

@@ -12,7 +12,7 @@ import "sync"
 // from racing a punch that frees (and lets another disk reuse) its blocks.
 //
 // The lock is held across backend I/O; it is the only lock that is (see
-// DESIGN.md, rule 4: it orders requests, it does not guard shared memory).
+// docs/DESIGN.md, rule 4: it orders requests, it does not guard shared memory).
 type rangeLock struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when a range is released and someone waits

@@ -68,7 +68,8 @@ type Options struct {
 //	cut       shared by every state change (a map or catalog update together
 //	          with its journal records), exclusive for a checkpoint's capture
 //	          and for Check, so that both see one consistent cut;
-//	disk.mu   one disk's map and attributes;
+//	disk.mu   one disk's map and attributes (two disks' at once, in Rename:
+//	          the lower id first);
 //	mu        the catalog, allocator, pending journal records and quarantine.
 //
 // No lock but a disk's range lock is held across backend data I/O; commitMu
@@ -554,7 +555,7 @@ func (s *Store) appendLocked(recs ...record) {
 }
 
 // quarantineLocked holds blocks freed by the records appended last until
-// those are durable (DESIGN.md, crash rule 3). Caller holds s.mu.
+// those are durable (docs/DESIGN.md, crash rule 3). Caller holds s.mu.
 func (s *Store) quarantineLocked(freed []blockmap.Extent) {
 	q := make([]pext, len(freed))
 	for i, f := range freed {
@@ -681,9 +682,11 @@ func (s *Store) lockNamed(name string) (d *disk, unlock func(), err error) {
 	}
 }
 
-// deleteDiskLocked frees every block of d and forgets it. Caller holds
-// s.cut shared, d.mu and s.mu; d has no open handles.
-func (s *Store) deleteDiskLocked(d *disk) {
+// deleteDiskLocked frees every block of d and forgets it. with are more
+// records of the same mutation, journalled after the delete in one unit (a
+// rename over d). Caller holds s.cut shared, d.mu and s.mu; d has no open
+// handles.
+func (s *Store) deleteDiskLocked(d *disk, with ...record) {
 	s.mu.extents -= d.m.Len()
 	freed := d.m.Punch(0, ^uint64(0), nil)
 	d.deleted = true
@@ -691,7 +694,7 @@ func (s *Store) deleteDiskLocked(d *disk) {
 		delete(s.mu.names, d.name)
 	}
 	delete(s.mu.disks, d.id)
-	s.appendLocked(record{Type: recDelete, ID: d.id})
+	s.appendLocked(append([]record{{Type: recDelete, ID: d.id}}, with...)...)
 	s.quarantineLocked(freed)
 }
 
@@ -718,8 +721,10 @@ func (s *Store) deleteOrphans() {
 	}
 }
 
-// Rename renames a disk; a disk already called newName is removed first
-// (like rename(2)).
+// Rename renames a disk; a disk already called newName is removed (like
+// rename(2)), in the same mutation: its removal and the rename are
+// journalled in one unit, so no crash, commit or checkpoint shows one
+// without the other, and nothing is removed when oldName does not exist.
 func (s *Store) Rename(oldName, newName string) error {
 	if err := ValidateName(newName); err != nil {
 		return fmt.Errorf("rename %q: %w", oldName, err)
@@ -730,30 +735,75 @@ func (s *Store) Rename(oldName, newName string) error {
 		}
 		return nil
 	}
-	s.mu.Lock()
-	_, replacing := s.mu.names[newName]
-	s.mu.Unlock()
-	if replacing {
-		if err := s.Remove(newName); err != nil && !errors.Is(err, ErrNotExist) {
-			return fmt.Errorf("rename %q over %q: %w", oldName, newName, err)
-		}
-	}
 	s.cut.RLock()
 	defer s.cut.RUnlock()
-	d, unlock, err := s.lockNamed(oldName)
+	d, target, unlock, err := s.lockRename(oldName, newName)
 	if err != nil {
 		return fmt.Errorf("rename %q: %w", oldName, err)
 	}
 	defer unlock()
-	if _, taken := s.mu.names[newName]; taken {
-		return fmt.Errorf("rename %q: %q: %w", oldName, newName, ErrExist)
+	if target != nil {
+		delete(s.mu.names, newName)
 	}
 	delete(s.mu.names, oldName)
 	s.mu.names[newName] = d
 	d.name = newName
 	d.attr.Ctime = time.Now().UnixNano()
-	s.appendLocked(record{Type: recRename, ID: d.id, Name: newName})
+	rename := record{Type: recRename, ID: d.id, Name: newName}
+	switch {
+	case target == nil:
+		s.appendLocked(rename)
+	case target.opens > 0:
+		// Open handles keep the replaced disk until the last closes, as
+		// Remove does.
+		target.orphan = true
+		s.appendLocked(record{Type: recUnlink, ID: target.id}, rename)
+	default:
+		s.deleteDiskLocked(target, rename)
+	}
 	return nil
+}
+
+// lockRename finds the disk called oldName and the one called newName
+// (target, nil when there is none) and locks them, the lower id first,
+// then the store, checking once all are held that the names still name
+// them (else it looks again). It fails when there is no disk called
+// oldName or the store takes no changes. Caller holds s.cut shared, and
+// calls unlock when done.
+func (s *Store) lockRename(oldName, newName string) (d, target *disk, unlock func(), err error) {
+	for {
+		s.mu.Lock()
+		d, ok := s.mu.names[oldName]
+		target := s.mu.names[newName]
+		s.mu.Unlock()
+		if !ok {
+			return nil, nil, nil, ErrNotExist
+		}
+		first, second := d, target
+		if target != nil && target.id < d.id {
+			first, second = target, d
+		}
+		first.mu.Lock()
+		if second != nil {
+			second.mu.Lock()
+		}
+		unlock := func() {
+			s.mu.Unlock()
+			if second != nil {
+				second.mu.Unlock()
+			}
+			first.mu.Unlock()
+		}
+		s.mu.Lock()
+		if s.mu.names[oldName] == d && s.mu.names[newName] == target {
+			if err := s.usableLocked(); err != nil {
+				unlock()
+				return nil, nil, nil, err
+			}
+			return d, target, unlock, nil
+		}
+		unlock()
+	}
 }
 
 // List returns every named disk, sorted by name.
