@@ -271,7 +271,7 @@ func daemonize(e *env, store, mnt string, f mountFlags) error {
 	}
 	defer r.Close()
 	args := []string{"mount", store, mnt, "--foreground", "--ready-fd", "3",
-		"--log-level", e.log.GetLevel().String(), "--commit-interval", f.commitInterval.String()}
+		"--log-level", e.log.GetLevel().String(), "--log-format", e.logFormat, "--commit-interval", f.commitInterval.String()}
 	if f.allowOther {
 		args = append(args, "--allow-other")
 	}
