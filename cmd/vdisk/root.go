@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
@@ -23,6 +24,9 @@ type env struct {
 	started bool
 	// logFormat is --log-format: "text" or "json".
 	logFormat string
+	// closeWait bounds the wait for a mount daemon that was unmounted and
+	// is still closing the store (see holder.go).
+	closeWait time.Duration
 }
 
 func newEnv(stdout, stderr io.Writer, isTerminal bool) *env {
@@ -30,7 +34,7 @@ func newEnv(stdout, stderr io.Writer, isTerminal bool) *env {
 	log.SetOutput(stderr)
 	log.SetLevel(logrus.WarnLevel)
 	log.SetFormatter(textFormatter(stderr))
-	return &env{stdout: stdout, stderr: stderr, log: log, isTerminal: isTerminal, logFormat: "text"}
+	return &env{stdout: stdout, stderr: stderr, log: log, isTerminal: isTerminal, logFormat: "text", closeWait: closeWait}
 }
 
 // setLogFormat makes e.log write "text" (logrus's key=value lines) or
@@ -116,6 +120,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newExportCmd(e),
 		newFsckCmd(e),
 		newStatsCmd(e),
+		newUmountCmd(e),
 	)
 	markStart(e, root)
 	return root
