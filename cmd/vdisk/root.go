@@ -77,6 +77,7 @@ func toJournal(w io.Writer) bool {
 // newRootCmd builds the vdisk command tree.
 func newRootCmd(e *env) *cobra.Command {
 	var logLevel, logFormat string
+	vi := buildVersionInfo()
 	root := &cobra.Command{
 		Use:   "vdisk",
 		Short: "Manage vdiskfs stores: virtual disks kept in one file or block device",
@@ -91,6 +92,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 8 operational error (cannot open the store, I/O error, bad arguments).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		Version:       vi.Version,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			lvl, err := parseLogLevel(logLevel)
 			if err != nil {
@@ -100,6 +102,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 			return e.setLogFormat(logFormat)
 		},
 	}
+	root.SetVersionTemplate(vi.text())
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	root.CompletionOptions.HiddenDefaultCmd = true
@@ -121,6 +124,8 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newFsckCmd(e),
 		newStatsCmd(e),
 		newUmountCmd(e),
+		newVersionCmd(e),
+		newGendocsCmd(e),
 	)
 	markStart(e, root)
 	return root
