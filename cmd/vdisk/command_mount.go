@@ -38,14 +38,17 @@ type mountFlags struct {
 	options        []string // -o, mount(8)-style (mountopts.go)
 }
 
-// mountSource gives telemetry the store's metrics and the FUSE layer's.
+// mountSource gives telemetry the store's metrics and the FUSE layer's, and
+// whether the store has failed (a hook on the store's logger).
 type mountSource struct {
-	s   *image.Store
-	srv *fs.Server
+	s      *image.Store
+	srv    *fs.Server
+	failed *telemetry.FailureHook
 }
 
 func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
 func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.srv.OpMetrics() }
+func (m mountSource) StoreFailed() bool                             { return m.failed.StoreFailed() }
 
 func newMountCmd(e *env) *cobra.Command {
 	var f mountFlags
@@ -154,6 +157,8 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return usageErrorf("--fuse-transport: %v", err)
 	}
 	engine = fs.StoreEngine(transport, engine)
+	failed := &telemetry.FailureHook{}
+	e.log.AddHook(failed)
 	s, err := e.openPath(store, image.Options{Logger: e.log, Program: mountProgram, CommitInterval: f.commitInterval, IOEngine: engine})
 	if err != nil {
 		return err
@@ -167,7 +172,7 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return err
 	}
 	// vdisk stats reads the mount's socket; --metrics adds a TCP listener.
-	stopTelemetry, err := telemetry.Serve(telemetry.Handler(mountSource{s, srv}, mnt, store), mnt, f.metricsAddr, false)
+	stopTelemetry, err := telemetry.Serve(telemetry.Handler(mountSource{s, srv, failed}, mnt, store), mnt, f.metricsAddr, false)
 	if err != nil {
 		if f.metricsAddr != "" {
 			srv.Unmount()
