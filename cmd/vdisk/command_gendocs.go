@@ -14,7 +14,7 @@ func newGendocsCmd(e *env) *cobra.Command {
 		Use:    "gendocs DIR",
 		Short:  "Write man pages and shell completion scripts into DIR",
 		Hidden: true, // a build step (make docs), not an operator's command
-		Long: `Write the man pages, one per command (DIR/man/vdisk.1, vdisk-mount.1, ...),
+		Long: `Write the man pages, one per command (DIR/man/man1/vdisk.1, vdisk-mount.1, ...),
 generated from the commands' help by cobra/doc, and the completion scripts
 DIR/completion/vdisk.bash, DIR/completion/_vdisk (zsh) and
 DIR/completion/vdisk.fish. The man pages' date is $SOURCE_DATE_EPOCH when set,
@@ -28,7 +28,7 @@ for reproducible builds.`,
 
 // genDocs writes the man pages and completion scripts of root under dir.
 func genDocs(e *env, root *cobra.Command, dir string) error {
-	manDir := filepath.Join(dir, "man")
+	manDir := filepath.Join(dir, "man", "man1") // a MANPATH directory: man -M DIR/man finds the pages
 	compDir := filepath.Join(dir, "completion")
 	for _, d := range []string{manDir, compDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

@@ -16,7 +16,7 @@ func TestGendocs(t *testing.T) {
 	mustRun(t, "gendocs", dir)
 	for _, c := range []string{"", "-format", "-mount", "-umount", "-create", "-ls", "-info", "-rm", "-resize", "-rename",
 		"-import", "-export", "-fsck", "-stats", "-version"} {
-		page := filepath.Join(dir, "man", "vdisk"+c+".1")
+		page := filepath.Join(dir, "man", "man1", "vdisk"+c+".1")
 		b, err := os.ReadFile(page)
 		if err != nil {
 			t.Errorf("no man page: %v", err)
@@ -26,7 +26,7 @@ func TestGendocs(t *testing.T) {
 			t.Errorf("%s: not a reproducible man page:\n%.300s", page, b)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "man", "vdisk-gendocs.1")); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, "man", "man1", "vdisk-gendocs.1")); err == nil {
 		t.Error("the hidden gendocs command got a man page")
 	}
 	for name, want := range map[string]string{
@@ -47,7 +47,7 @@ func TestGendocs(t *testing.T) {
 		}
 		t.Skip("no man(1) here")
 	}
-	cmd := exec.Command(man, "--warnings", "-l", filepath.Join(dir, "man", "vdisk-mount.1"))
+	cmd := exec.Command(man, "--warnings", "-l", filepath.Join(dir, "man", "man1", "vdisk-mount.1"))
 	cmd.Env = append(os.Environ(), "MANWIDTH=80", "MANPAGER=cat", "PAGER=cat")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
