@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -120,5 +122,31 @@ func TestUnescapeMount(t *testing.T) {
 		if got := unescapeMount(in); got != want {
 			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The systemd unit is Type=notify: the foreground daemon sends READY=1 to
+// $NOTIFY_SOCKET once the mount is usable, and the unit's ExecStop (vdisk
+// umount) then closes it.
+func TestMountNotifiesSystemd(t *testing.T) {
+	requireFUSE(t)
+	sock := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv("NOTIFY_SOCKET", sock)
+	store := newStore(t)
+	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 256)
+	n, err := conn.Read(buf)
+	if err != nil || !strings.Contains(string(buf[:n]), "READY=1") {
+		t.Fatalf("notify socket: %q, %v", buf[:n], err)
+	}
+	mustRun(t, "umount", mnt)
+	if res := <-exit; res.code != 0 {
+		t.Fatalf("mount exited %d: %s", res.code, res.stderr)
 	}
 }
