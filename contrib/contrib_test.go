@@ -3,6 +3,7 @@ package contrib
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -279,5 +280,48 @@ func TestSystemdUnitsVerify(t *testing.T) {
 		if err != nil || len(bytes.TrimSpace(out)) > 0 {
 			t.Errorf("systemd-analyze verify %s: %v\n%s", name, err, out)
 		}
+	}
+}
+
+// promtool (Debian package prometheus), where installed, parses the alert
+// rules and every dashboard query (Grafana's $__rate_interval and $instance
+// replaced by what they stand for) as PromQL. CI does not install it: the
+// metric-name test above is the one that must pass there.
+func TestQueriesParseWithPromtool(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("no promtool here (package prometheus)")
+	}
+	if out, err := exec.Command(promtool, "check", "rules", "prometheus/alerts.yml").CombinedOutput(); err != nil {
+		t.Errorf("promtool check rules alerts.yml: %v\n%s", err, out)
+	}
+	var dash any
+	b, err := os.ReadFile("grafana/vdiskfs.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	collectExprs(dash, &exprs)
+	var rules bytes.Buffer
+	rules.WriteString("groups:\n- name: dashboard\n  rules:\n")
+	n := 0
+	for _, e := range exprs {
+		if strings.HasPrefix(e, "label_values(") {
+			continue // a Grafana variable query, not PromQL
+		}
+		e = strings.NewReplacer("$__rate_interval", "5m", "$instance", ".*").Replace(e)
+		q, _ := json.Marshal(e) // a JSON string is a YAML string
+		fmt.Fprintf(&rules, "  - record: dashboard:query%d\n    expr: %s\n", n, q)
+		n++
+	}
+	path := filepath.Join(t.TempDir(), "dashboard-rules.yml")
+	if err := os.WriteFile(path, rules.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool check rules (the dashboard's %d queries): %v\n%s", n, err, out)
 	}
 }
