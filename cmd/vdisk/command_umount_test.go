@@ -111,20 +111,6 @@ func TestUmountRemountLoop(t *testing.T) {
 	}
 }
 
-func TestUnescapeMount(t *testing.T) {
-	for in, want := range map[string]string{
-		`/a/b`:           "/a/b",
-		`/a\040b`:        "/a b",
-		`/a\134b`:        `/a\b`,
-		`/tab\011x\012y`: "/tab\tx\ny",
-		`/short\04`:      `/short\04`,
-	} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // The systemd unit is Type=notify: the foreground daemon sends READY=1 to
 // $NOTIFY_SOCKET once the mount is usable, and the unit's ExecStop (vdisk
 // umount) then closes it.

@@ -12,7 +12,6 @@ package main
 // still mounted, or any other holder, is refused at once as before.
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -20,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
@@ -128,68 +129,34 @@ func exited(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
 }
 
-// mountEntry is one line of /proc/PID/mountinfo, the fields vdisk uses.
+// mountEntry is what vdisk uses of a mount: where, which type, and its
+// source (a vdiskfs daemon's store).
 type mountEntry struct {
 	mountpoint, fstype, source string
 }
 
-// readMountinfo parses /proc/PID/mountinfo (pid 0: this process's).
+// readMountinfo reads the mount table of process pid's mount namespace
+// (pid 0: this process's), with github.com/moby/sys/mountinfo, which also
+// undoes the kernel's octal escapes.
 func readMountinfo(pid int) ([]mountEntry, error) {
-	p := "/proc/self/mountinfo"
+	path := "/proc/self/mountinfo"
 	if pid > 0 {
-		p = "/proc/" + strconv.Itoa(pid) + "/mountinfo"
+		path = "/proc/" + strconv.Itoa(pid) + "/mountinfo"
 	}
-	f, err := os.Open(p)
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("mount table: %w", err)
 	}
 	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options [optional...] - fstype source superoptions
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, fl := range fields {
-			if fl == "-" && i >= 6 {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+2 >= len(fields) {
-			continue
-		}
-		out = append(out, mountEntry{
-			mountpoint: unescapeMount(fields[4]),
-			fstype:     fields[sep+1],
-			source:     unescapeMount(fields[sep+2]),
-		})
+	infos, err := mountinfo.GetMountsFromReader(f, nil)
+	if err != nil {
+		return nil, fmt.Errorf("mount table %s: %w", path, err)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
+	out := make([]mountEntry, len(infos))
+	for i, m := range infos {
+		out[i] = mountEntry{mountpoint: m.Mountpoint, fstype: m.FSType, source: m.Source}
 	}
 	return out, nil
-}
-
-// unescapeMount undoes the kernel's octal escapes (\040 for a space, ...)
-// in mountinfo fields.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // isVdiskMount reports whether a mount entry is a vdiskfs FUSE mount.
