@@ -61,11 +61,13 @@ install: build docs
 	install -D -m 0644 contrib/prometheus/alerts.yml $(SHARE)/vdiskfs/prometheus/alerts.yml
 
 # Debian wants man pages gzipped (gzip -9n: no name or time, reproducible).
-# nfpm runs in $(BUILD)/deb, where tools/deb/nfpm.yaml finds ./root.
+# nfpm runs in $(BUILD)/deb, where tools/deb/nfpm.yaml finds ./root and the
+# maintainer scripts.
 deb:
-	rm -rf $(BUILD)/deb
+	rm -rf $(BUILD)/deb $(BUILD)/vdiskfs_*.deb
 	$(MAKE) install DESTDIR=$(DEB_ROOT) PREFIX=/usr BUILD=$(BUILD)
 	gzip -9n $(DEB_ROOT)/usr/share/man/man1/*.1
+	cp tools/deb/postinst tools/deb/postrm $(BUILD)/deb/
 	cd $(BUILD)/deb && VDISK_DEB_VERSION='$(DEB_VERSION)' VDISK_DEB_ARCH='$(DEB_ARCH)' GOFLAGS= \
 		go run github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION) package \
 		--config $(CURDIR)/tools/deb/nfpm.yaml --packager deb --target $(abspath $(BUILD))/
