@@ -13,7 +13,7 @@ log() { printf '\n== %s\n' "$*"; }
 # util-linux (losetup, unshare) the file-system tests, fuse3 gives
 # fusermount for non-root fallbacks and mount.fuse3 for mount -t fuse.vdisk,
 # systemd's systemd-analyze verifies the unit, man-db renders the generated
-# man pages, dpkg-deb lists the package. The tests install what is missing
+# man pages, dpkg-deb lists the package. Some tests install what is missing
 # themselves too.
 need_pkgs=()
 for pair in fio:fio qemu-img:qemu-utils qemu-system-x86_64:qemu-system-x86 /bin/busybox:busybox-static mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3 systemd-analyze:systemd man:man-db dpkg-deb:dpkg; do
