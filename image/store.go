@@ -301,6 +301,28 @@ func readOwner(path string) *superblock {
 	return sb
 }
 
+// Holder is the owner record of a store that is open read-write: who opened
+// it. It is read without the lock, so it may be stale: an owner that was
+// killed leaves its record behind until the next open.
+type Holder struct {
+	Program string // "vdisk mount", "vdisk fsck", ...; "" when unknown
+	PID     int
+	Host    string
+	Opened  time.Time
+}
+
+// ReadHolder reads the owner record of the store at path without taking its
+// lock (for a caller that was refused the lock and wants to know whether the
+// holder is about to let go). ok is false when the record says the store is
+// closed, or the superblock cannot be read.
+func ReadHolder(path string) (h Holder, ok bool) {
+	sb := readOwner(path)
+	if sb == nil {
+		return Holder{}, false
+	}
+	return Holder{Program: sb.Program, PID: int(sb.OwnerPID), Host: sb.Host, Opened: time.Unix(0, sb.OpenedNano)}, true
+}
+
 // describeOwner reads the owner record of a locked store without taking the
 // lock, to name the holder in the error.
 func describeOwner(path string) string {

@@ -52,12 +52,13 @@ var (
 	dDiskRequests    = desc("disk_requests_total", "Requests per disk.", "disk", "op")
 	dDiskBytes       = desc("disk_request_bytes_total", "Request bytes per disk.", "disk", "op")
 	dFUSELatency     = desc("fuse_request_latency_seconds", "Latency of FUSE requests by operation.", "op")
+	dStoreFailed     = desc("store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.")
 )
 
 var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
 	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
 	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
-	dCapacity, dFree, dLargestFree, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency}
+	dCapacity, dFree, dLargestFree, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dStoreFailed}
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -131,6 +132,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for op, h := range c.src.OpMetrics() {
 		ch <- constHistogram(dFUSELatency, h, op)
 	}
+	failed := 0.0
+	if fs, ok := c.src.(FailureSource); ok && fs.StoreFailed() {
+		failed = 1
+	}
+	gauge(dStoreFailed, failed)
 }
 
 // constHistogram converts a snapshot (per-bucket counts) to Prometheus'

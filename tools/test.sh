@@ -10,10 +10,13 @@ log() { printf '\n== %s\n' "$*"; }
 
 # Debian packages the tests use: fio, qemu-img and a QEMU guest (with a static
 # busybox initramfs) drive real clients through the mount, e2fsprogs and
-# util-linux (losetup) the file-system tests, fuse3 gives fusermount for
-# non-root fallbacks. The tests install what is missing themselves too.
+# util-linux (losetup, unshare) the file-system tests, fuse3 gives
+# fusermount for non-root fallbacks and mount.fuse3 for mount -t fuse.vdisk,
+# systemd's systemd-analyze verifies the unit, man-db renders the generated
+# man pages, dpkg-deb lists the package. Some tests install what is missing
+# themselves too.
 need_pkgs=()
-for pair in fio:fio qemu-img:qemu-utils qemu-system-x86_64:qemu-system-x86 /bin/busybox:busybox-static mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3; do
+for pair in fio:fio qemu-img:qemu-utils qemu-system-x86_64:qemu-system-x86 /bin/busybox:busybox-static mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3 systemd-analyze:systemd man:man-db dpkg-deb:dpkg; do
 	cmd=${pair%%:*} pkg=${pair##*:}
 	command -v "$cmd" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
@@ -54,6 +57,25 @@ if ! command -v staticcheck >/dev/null 2>&1; then
 	GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"
 fi
 "$(go env GOPATH)/bin/staticcheck" ./... 2>/dev/null || staticcheck ./...
+
+log "make deb, and what the package holds (dpkg-deb -c)"
+make deb BUILD="$run_tmp/build" >/dev/null
+deb=$(ls "$run_tmp"/build/vdiskfs_*.deb)
+dpkg-deb -I "$deb" | grep -E '^ (Package|Version|Architecture|Depends):'
+contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
+for want in ./usr/bin/vdisk ./usr/lib/systemd/system/vdiskfs@.service \
+	./usr/share/man/man1/vdisk.1.gz ./usr/share/man/man1/vdisk-mount.1.gz ./usr/share/man/man1/vdisk-umount.1.gz \
+	./usr/share/bash-completion/completions/vdisk ./usr/share/zsh/vendor-completions/_vdisk \
+	./usr/share/fish/vendor_completions.d/vdisk.fish \
+	./usr/share/vdiskfs/grafana/vdiskfs.json ./usr/share/vdiskfs/prometheus/alerts.yml; do
+	if ! grep -qxF "$want" <<<"$contents"; then
+		echo "the package lacks $want; it holds:"; echo "$contents"; exit 1
+	fi
+done
+echo "$(wc -l <<<"$contents") entries, all expected ones there"
+dpkg-deb -x "$deb" "$run_tmp/deb-root"
+"$run_tmp/deb-root/usr/bin/vdisk" --version
+rm -rf "$run_tmp/build" "$run_tmp/deb-root"
 
 log "go test -race -short (every package)"
 go test -race -short -count=1 ./...

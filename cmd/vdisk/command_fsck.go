@@ -166,7 +166,7 @@ func openForFsck(e *env, path string, repair, force bool) (*image.Store, error) 
 		log.SetFormatter(e.log.Formatter)
 		log.SetLevel(logrus.ErrorLevel)
 	}
-	return image.OpenPath(path, image.Options{
+	return e.openPath(path, image.Options{
 		Logger:         log,
 		ReadOnly:       !repair,
 		Tolerant:       true,

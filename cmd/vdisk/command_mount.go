@@ -35,16 +35,20 @@ type mountFlags struct {
 	ioEngine       string
 	fuseTransport  string
 	metricsAddr    string
+	options        []string // -o, mount(8)-style (mountopts.go)
 }
 
-// mountSource gives telemetry the store's metrics and the FUSE layer's.
+// mountSource gives telemetry the store's metrics and the FUSE layer's, and
+// whether the store has failed (a hook on the store's logger).
 type mountSource struct {
-	s   *image.Store
-	srv *fs.Server
+	s      *image.Store
+	srv    *fs.Server
+	failed *telemetry.FailureHook
 }
 
 func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
 func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.srv.OpMetrics() }
+func (m mountSource) StoreFailed() bool                             { return m.failed.StoreFailed() }
 
 // Sync is `vdisk sync MOUNTPOINT`: the full commit an fsync makes.
 func (m mountSource) Sync() error { return m.s.Commit() }
@@ -68,14 +72,30 @@ mount is ready, so when it returns the mount can be used; its log goes to
 --log-file. With --foreground it stays attached, logging to stderr, and
 --ready-fd N writes "ready" to file descriptor N when the mount is usable (it
 also tells systemd through $NOTIFY_SOCKET). "vdisk stats MOUNTPOINT" shows the
-mount's I/O figures; --metrics ADDR also serves them to Prometheus. SIGINT or SIGTERM, or an unmount
-(umount, fusermount -u), commit everything and close the store cleanly.
-A store can be mounted once at a time.`,
+mount's I/O figures; --metrics ADDR also serves them to Prometheus. SIGINT or
+SIGTERM, or an unmount (vdisk umount, umount, fusermount -u), commit everything
+and close the store cleanly; "vdisk umount" returns only once that is done. A
+store can be mounted once at a time. When the store is still held by a daemon
+that was unmounted a moment ago and is closing it, vdisk mount waits for it
+(30 s at most).
+
+-o takes mount(8)-style options, as /etc/fstab passes them through
+mount.fuse3 ("mount -t fuse.vdisk STORE MOUNTPOINT -o OPTIONS" runs
+"vdisk STORE MOUNTPOINT -o OPTIONS"): allow_other, debug,
+commit_interval=DURATION, metrics=ADDR, log_file=PATH, log_level=LEVEL,
+log_format=text|json, fuse_transport=T and io_engine=E set the flags of the
+same name; nofail, _netdev, noauto, x-systemd.* and the other generic
+options are accepted and left to mount(8) and systemd; ro is refused.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			store, mnt := "", args[0]
 			if len(args) == 2 {
 				store, mnt = args[0], args[1]
+			}
+			for _, o := range f.options {
+				if err := applyMountOptions(e, &f, o); err != nil {
+					return err
+				}
 			}
 			return runMount(e, store, mnt, f)
 		},
@@ -91,6 +111,7 @@ A store can be mounted once at a time.`,
 	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data reads are issued: io_uring, pread, or auto (io_uring when the kernel allows it); writes are pwrite")
 	fl.StringVar(&f.fuseTransport, "fuse-transport", "auto", "how FUSE requests reach vdiskfs: io_uring (FUSE-over-io_uring; turns on the fuse module's enable_uring), dev (/dev/fuse), or auto (io_uring when enabled)")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
+	fl.StringArrayVarP(&f.options, "options", "o", nil, "mount(8)-style options, comma-separated (allow_other,commit_interval=5s,metrics=ADDR,...)")
 	return cmd
 }
 
@@ -109,6 +130,14 @@ func runMount(e *env, store, mnt string, f mountFlags) error {
 		if store, err = ensureDefaultStore(e, f.defaultSize.n); err != nil {
 			return err
 		}
+	}
+	// Absolute: the daemon names it as the mount's source, which vdisk
+	// umount and the wait for a closing daemon (holder.go) look up.
+	if store, err = filepath.Abs(store); err != nil {
+		return err
+	}
+	if err := e.waitClosed(store); err != nil {
+		return err
 	}
 	if !f.foreground {
 		return daemonize(e, store, mnt, f)
@@ -131,18 +160,23 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return usageErrorf("--fuse-transport: %v", err)
 	}
 	engine = fs.StoreEngine(transport, engine)
-	s, err := image.OpenPath(store, image.Options{Logger: e.log, Program: "vdisk mount", CommitInterval: f.commitInterval, IOEngine: engine})
+	failed := &telemetry.FailureHook{}
+	e.log.AddHook(failed)
+	s, err := e.openPath(store, image.Options{Logger: e.log, Program: mountProgram, CommitInterval: f.commitInterval, IOEngine: engine})
 	if err != nil {
 		return err
 	}
 	procs := fs.TuneRuntime() // before Mount: go-fuse sizes its readers from it
-	srv, err := fs.Mount(s, mnt, fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log, Transport: transport})
+	// The store's path is the mount's source in /proc/mounts, as sshfs names
+	// its remote: findmnt and vdisk umount tell which store a mount serves.
+	srv, err := fs.Mount(s, mnt, fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log, Transport: transport, FsName: store})
 	if err != nil {
 		s.Close()
 		return err
 	}
 	// vdisk stats reads the mount's socket; --metrics adds a TCP listener.
-	stopTelemetry, err := telemetry.Serve(telemetry.Handler(mountSource{s, srv}, mnt, store), mountSource{s, srv}, mnt, f.metricsAddr, false)
+	src := mountSource{s, srv, failed}
+	stopTelemetry, err := telemetry.Serve(telemetry.Handler(src, mnt, store), src, mnt, f.metricsAddr, false)
 	if err != nil {
 		if f.metricsAddr != "" {
 			srv.Unmount()
@@ -274,7 +308,7 @@ func daemonize(e *env, store, mnt string, f mountFlags) error {
 	}
 	defer r.Close()
 	args := []string{"mount", store, mnt, "--foreground", "--ready-fd", "3",
-		"--log-level", e.log.GetLevel().String(), "--commit-interval", f.commitInterval.String()}
+		"--log-level", e.log.GetLevel().String(), "--log-format", e.logFormat, "--commit-interval", f.commitInterval.String()}
 	if f.allowOther {
 		args = append(args, "--allow-other")
 	}

@@ -199,15 +199,3 @@ func readFileT(t *testing.T, path string) []byte {
 	}
 	return b
 }
-
-// exited reports whether pid is gone or a zombie (its descriptors, and so
-// the store's lock, are released either way; init may reap it late).
-func exited(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	// The state follows the command name in parentheses.
-	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X'
-}

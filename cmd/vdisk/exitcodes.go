@@ -21,7 +21,8 @@ const (
 	exitUncorrected = 4
 	// exitFailure: an operational error: the store cannot be opened (missing,
 	// not a store, locked by another process), an I/O error, or bad
-	// arguments or flags.
+	// arguments or flags; for umount, the mount is busy (and stays mounted)
+	// or its daemon did not close the store cleanly in time.
 	exitFailure = 8
 )
 

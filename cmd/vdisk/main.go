@@ -27,6 +27,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if args == nil {
 		args = []string{} // nil would make cobra read os.Args
 	}
+	if margs, ok := mountHelperArgs(root, args); ok {
+		args = margs // run by mount.fuse3 for mount -t fuse.vdisk (mountopts.go)
+	}
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
 	if err == nil {

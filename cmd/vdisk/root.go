@@ -3,10 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 )
 
 // env is everything a command may touch outside its arguments: there is no
@@ -19,18 +22,62 @@ type env struct {
 	// started is set when a command's RunE begins: an error before that is
 	// a usage error (cobra rejected the arguments) and gets the usage text.
 	started bool
+	// logFormat is --log-format: "text" or "json".
+	logFormat string
+	// closeWait bounds the wait for a mount daemon that was unmounted and
+	// is still closing the store (see holder.go).
+	closeWait time.Duration
 }
 
 func newEnv(stdout, stderr io.Writer, isTerminal bool) *env {
 	log := logrus.New()
 	log.SetOutput(stderr)
 	log.SetLevel(logrus.WarnLevel)
-	return &env{stdout: stdout, stderr: stderr, log: log, isTerminal: isTerminal}
+	log.SetFormatter(textFormatter(stderr))
+	return &env{stdout: stdout, stderr: stderr, log: log, isTerminal: isTerminal, logFormat: "text", closeWait: closeWait}
+}
+
+// setLogFormat makes e.log write "text" (logrus's key=value lines) or
+// "json" (one JSON object per line, for log shippers).
+func (e *env) setLogFormat(format string) error {
+	switch format {
+	case "text":
+		e.log.SetFormatter(textFormatter(e.log.Out))
+	case "json":
+		e.log.SetFormatter(&logrus.JSONFormatter{})
+	default:
+		return usageErrorf("--log-format %q: want text or json", format)
+	}
+	e.logFormat = format
+	return nil
+}
+
+// textFormatter is the text log format. Written to the journal (systemd
+// names the stream in $JOURNAL_STREAM), it leaves out the timestamp, which
+// journalctl shows already; elsewhere it is logrus's default text format.
+func textFormatter(w io.Writer) logrus.Formatter {
+	return &logrus.TextFormatter{DisableTimestamp: toJournal(w)}
+}
+
+// toJournal reports whether w is the stream systemd connected to the journal:
+// $JOURNAL_STREAM is "DEVICE:INODE" of that stream.
+func toJournal(w io.Writer) bool {
+	js := os.Getenv("JOURNAL_STREAM")
+	f, ok := w.(*os.File)
+	if js == "" || !ok {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return false
+	}
+	return js == fmt.Sprintf("%d:%d", st.Dev, st.Ino)
 }
 
 // newRootCmd builds the vdisk command tree.
 func newRootCmd(e *env) *cobra.Command {
-	var logLevel string
+	var logLevel, logFormat string
+	vi := buildVersionInfo()
 	root := &cobra.Command{
 		Use:   "vdisk",
 		Short: "Manage vdiskfs stores: virtual disks kept in one file or block device",
@@ -45,19 +92,22 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 8 operational error (cannot open the store, I/O error, bad arguments).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		Version:       vi.Version,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			lvl, err := logrus.ParseLevel(logLevel)
+			lvl, err := parseLogLevel(logLevel)
 			if err != nil {
-				return usageErrorf("--log-level %q: want one of panic, fatal, error, warn, info, debug, trace", logLevel)
+				return err
 			}
 			e.log.SetLevel(lvl)
-			return nil
+			return e.setLogFormat(logFormat)
 		},
 	}
+	root.SetVersionTemplate(vi.text())
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	root.CompletionOptions.HiddenDefaultCmd = true
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "warn", "log level: error, warn, info, debug, trace")
+	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text (key=value lines) or json (one object per line)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 
 	root.AddCommand(
@@ -74,6 +124,9 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newFsckCmd(e),
 		newStatsCmd(e),
 		newSyncCmd(e),
+		newUmountCmd(e),
+		newVersionCmd(e),
+		newGendocsCmd(e),
 	)
 	markStart(e, root)
 	return root
@@ -91,6 +144,15 @@ func markStart(e *env, c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		markStart(e, sub)
 	}
+}
+
+// parseLogLevel parses a --log-level value.
+func parseLogLevel(s string) (logrus.Level, error) {
+	lvl, err := logrus.ParseLevel(s)
+	if err != nil {
+		return 0, usageErrorf("--log-level %q: want one of panic, fatal, error, warn, info, debug, trace", s)
+	}
+	return lvl, nil
 }
 
 // exactArgs is cobra.ExactArgs naming the expected arguments in the error.

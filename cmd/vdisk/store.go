@@ -15,9 +15,10 @@ import (
 // openStore opens the store at path for the offline command cmd: no
 // background commits (the command closes the store, which commits and
 // checkpoints), the command named in the owner record, logs to e.log. An
-// open elsewhere fails with an error naming the holder.
+// open elsewhere fails with an error naming the holder, after a bounded wait
+// when the holder is a mount daemon that was unmounted and is closing.
 func (e *env) openStore(path, cmd string, readOnly bool) (*image.Store, error) {
-	return image.OpenPath(path, image.Options{
+	return e.openPath(path, image.Options{
 		Logger:         e.log,
 		ReadOnly:       readOnly,
 		CommitInterval: -1,

@@ -1,0 +1,70 @@
+package telemetry
+
+import (
+	"errors"
+	"io"
+	"syscall"
+	"testing"
+
+	"github.com/ncw/directio"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+
+	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/image/backend"
+)
+
+// failingSource is a storeSource that knows about store failure.
+type failingSource struct {
+	storeSource
+	hook *FailureHook
+}
+
+func (f failingSource) StoreFailed() bool { return f.hook.StoreFailed() }
+
+// A flush that fails makes the store refuse writes (image.ErrFailed); the
+// hook on its logger sees the message, and vdiskfs_store_failed goes 0 → 1.
+func TestFailureHookSeesStoreFailure(t *testing.T) {
+	dev := backend.NewCrash(64 << 20)
+	if err := image.Format(dev, image.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hook := &FailureHook{}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	log.AddHook(hook)
+	s, err := image.Open(dev, image.Options{CommitInterval: -1, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	src := failingSource{storeSource{s: s}, hook}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewCollector(src))
+	if got := gathered(t, reg, "vdiskfs_store_failed", ""); got != 0 {
+		t.Fatalf("vdiskfs_store_failed = %v on a healthy store", got)
+	}
+	if _, err := s.Create("vm.raw", 0, image.Attr{Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.OpenDisk("vm.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.WriteAt(directio.AlignedBlock(1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	dev.SetFault(func(op backend.Op) error {
+		if op.Kind == backend.OpFlush {
+			return syscall.EIO
+		}
+		return nil
+	})
+	if err := s.Commit(); !errors.Is(err, image.ErrFailed) {
+		t.Fatalf("commit with failing flushes: %v, want ErrFailed", err)
+	}
+	if got := gathered(t, reg, "vdiskfs_store_failed", ""); got != 1 {
+		t.Fatalf("vdiskfs_store_failed = %v after the store failed", got)
+	}
+}
