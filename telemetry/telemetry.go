@@ -27,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,7 +97,7 @@ func SocketPath(mountpoint string) string {
 // Serve listens on the mount's Unix socket, with h and ctl's requests, and,
 // when metricsAddr is not empty, on that TCP address too, with h only (it
 // must be a loopback address unless allowRemote). It returns a function
-// that stops both.
+// that stops both; calling it again does nothing.
 func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allowRemote bool) (stop func(), err error) {
 	var servers []*http.Server
 	closeAll := func() {
@@ -114,6 +115,11 @@ func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allow
 	if err != nil {
 		return stop, fmt.Errorf("stats socket: %w", err)
 	}
+	// The socket is removed by stop, and only if it is still ours: a
+	// daemon that mounts the same point after this one has closed its
+	// store may already have put its own there.
+	ul.(*net.UnixListener).SetUnlinkOnClose(false)
+	mine, _ := os.Stat(sock)
 	servers = append(servers, serve(withControl(h, ctl), ul))
 	if metricsAddr != "" {
 		if !allowRemote {
@@ -129,9 +135,14 @@ func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allow
 		}
 		servers = append(servers, serve(h, tl))
 	}
+	var once sync.Once
 	return func() {
-		closeAll()
-		os.Remove(sock)
+		once.Do(func() {
+			closeAll()
+			if now, err := os.Stat(sock); err == nil && mine != nil && os.SameFile(mine, now) {
+				os.Remove(sock)
+			}
+		})
 	}, nil
 }
 

@@ -172,3 +172,29 @@ func TestMetricsText(t *testing.T) {
 		t.Fatalf("metrics text lacks the FUSE latency histogram:\n%s", body)
 	}
 }
+
+// A daemon that stops after another one took over its mount point (the
+// next mount, started as soon as the store's lock was free) leaves the
+// newer socket alone.
+func TestStopLeavesTheNextMountsSocket(t *testing.T) {
+	src := newSource(t)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	stopOld, err := Serve(Handler(src, mnt, "old"), src, mnt, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopNew, err := Serve(Handler(src, mnt, "new"), src, mnt, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopNew()
+	stopOld()
+	stopOld() // again: nothing
+	st, err := Fetch(mnt)
+	if err != nil {
+		t.Fatalf("after the old daemon stopped, the new one's socket is gone: %v", err)
+	}
+	if st.Store != "new" {
+		t.Fatalf("stats from store %q, want the new mount's", st.Store)
+	}
+}

@@ -211,6 +211,9 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	case <-unmounted:
 		e.log.Info("unmounted from outside")
 	}
+	// The socket goes before the store's lock: once the lock is free, the
+	// next daemon for this mount point may create its own.
+	stopTelemetry()
 	if cerr := s.Close(); cerr != nil {
 		return fmt.Errorf("close store %s: %w", store, cerr)
 	}
