@@ -14,7 +14,8 @@
 //	                 O_TMPFILE: EOPNOTSUPP; Rmdir: ENOTDIR or ENOENT
 //	disk (diskNode)  Getattr, Setattr (size → Disk.Truncate; mode, owner,
 //	                 times → Disk.SetAttr), Open, Statfs, CopyFileRange
-//	open file        Read, Write, Fsync (fsync and fdatasync → Disk.Sync),
+//	open file        Read, Write (O_SYNC, O_DSYNC → Disk.WriteAtSync: sync.go),
+//	                 Fsync (fsync → Disk.Sync, fdatasync → Disk.SyncData),
 //	(diskFile)       Flush (nothing), Release (Disk.Close), Allocate
 //	                 (fallocate), Lseek (SEEK_DATA, SEEK_HOLE)
 //
@@ -28,7 +29,8 @@
 //
 //   - Never ENOSYS for FSYNC, FALLOCATE, LSEEK or COPY_FILE_RANGE (trap 1):
 //     the kernel remembers ENOSYS for the whole mount. Fsync is Disk.Sync
-//     (data and map durable); unsupported fallocate modes answer
+//     (data and map durable; fdatasync leaves the times to the next
+//     commit); unsupported fallocate modes answer
 //     EOPNOTSUPP; COPY_FILE_RANGE answers EOPNOTSUPP, on which the kernel
 //     (fs/fuse/file.c fuse_copy_file_range) copies through its generic splice
 //     path for that call; EXDEV would do the same, and ENOSYS would set

@@ -12,9 +12,11 @@
 // # What a disk promises (the crash contract of docs/DESIGN.md)
 //
 // A Disk behaves like a real disk with a volatile write cache. After Sync
-// returns, every write acknowledged before it survives a crash of the
-// process or of the machine, data and mapping alike. Before that a write may
-// be lost but never corrupts anything else. Never-written bytes, holes,
+// (fsync) or SyncData (fdatasync) returns, every write acknowledged before
+// it survives a crash of the process or of the machine, data and mapping
+// alike. A WriteAtSync (O_DSYNC, O_SYNC) survives once it returns, like a
+// disk's FUA write: it promises its own bytes, not other unsynced writes.
+// Before that a write may be lost but never corrupts anything else. Never-written bytes, holes,
 // punched and zero-ranged bytes, and the unwritten part of a newly allocated
 // block read as zeros: a disk never shows bytes it did not write.
 //
