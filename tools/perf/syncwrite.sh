@@ -6,6 +6,8 @@
 #   dsync-qd32     O_DIRECT|O_DSYNC, libaio, iodepth 32 (a write-through
 #                  hypervisor disk, fio --sync=dsync)
 #   fdatasync-qd1  buffered writes, fdatasync after each (fio --fdatasync=1)
+#   fdatasync-8jobs  the same from 8 threads at once: their fdatasyncs
+#                  share commits and flushes (group commit)
 # It prints each round's IOPS, then per workload the median and range of
 # both targets and the median of the per-round ratios vdiskfs/raw.
 # Needs root, /dev/fuse, fio and python3; DIR (default /var/tmp/vdisk-sync)
@@ -35,9 +37,10 @@ run() { # run WORKLOAD FILE OUT
 	case $1 in
 	dsync-qd32) fio "${common[@]}" --direct=1 --sync=dsync --ioengine=libaio --iodepth=32 >"$3" ;;
 	fdatasync-qd1) fio "${common[@]}" --direct=0 --fdatasync=1 --ioengine=psync >"$3" ;;
+	fdatasync-8jobs) fio "${common[@]}" --direct=0 --fdatasync=1 --ioengine=psync --numjobs=8 --thread --group_reporting >"$3" ;;
 	esac
 }
-workloads=(dsync-qd32 fdatasync-qd1)
+workloads=(dsync-qd32 fdatasync-qd1 fdatasync-8jobs)
 for w in "${workloads[@]}"; do
 	for r in $(seq 1 "$rounds"); do
 		run "$w" "$raw" "$dir/$w-raw-$r.json"
