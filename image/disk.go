@@ -132,10 +132,3 @@ func checkRange(off, n int64) error {
 	}
 	return nil
 }
-
-// writable returns why the store cannot take writes, if it cannot.
-func (s *Store) writable() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.usableLocked()
-}

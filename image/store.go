@@ -569,6 +569,13 @@ func (s *Store) usableLocked() error {
 	return nil
 }
 
+// writable returns why the store cannot take writes, if it cannot.
+func (s *Store) writable() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.usableLocked()
+}
+
 // appendLocked queues journal records. Caller holds s.cut (shared) and
 // s.mu, and the disk's mu when the record is about a disk.
 func (s *Store) appendLocked(recs ...record) {
