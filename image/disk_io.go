@@ -185,18 +185,20 @@ func (d *disk) writeLocked(sc *scratch, p []byte, off int64, mayFUA bool) (durab
 
 	// The buffer covering whole blocks [first, first+count): the caller's
 	// own when the write is block-aligned in offset, length and memory;
-	// else a pooled one with the edge blocks read (or zeroed, for holes).
+	// else a pooled one in which every block the write covers only in
+	// part (a partial span of Split, at most two) is first read, or
+	// zeroed for a hole, and then the write copied over.
 	buf := p
 	if uoff%bs != 0 || n%bs != 0 || !coalesce.IsAligned(p) {
 		buf = s.pool.Get(int(count * bs))
 		defer s.pool.Put(buf)
-		if uoff%bs != 0 {
-			if err := s.fillBlock(c, buf[:bs], sc.segs, first); err != nil {
-				return false, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
+		spans := coalesce.Split(uoff, n, bs)
+		for _, sp := range spans.All() {
+			if !sp.Partial {
+				continue
 			}
-		}
-		if (uoff+n)%bs != 0 && (count > 1 || uoff%bs == 0) {
-			if err := s.fillBlock(c, buf[(count-1)*bs:], sc.segs, first+count-1); err != nil {
+			lo := (sp.Block - first) * bs
+			if err := s.fillBlock(c, buf[lo:lo+bs], sc.segs, sp.Block); err != nil {
 				return false, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
 			}
 		}

@@ -39,12 +39,10 @@ func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
 	return nil
 }
 
-// zeroPartial zeroes bytes [from, to) of the disk, which lie in one block.
-func (d *disk) zeroPartial(from, to int64) error {
-	bs := int64(d.s.bs)
-	v := from / bs
-	lo, hi := from-v*bs, to-v*bs
-	return d.rmwBlock(uint64(v), func(b []byte) { clear(b[lo:hi]) })
+// zeroSpan zeroes the bytes of a partial span (coalesce.Split) in place:
+// [sp.Off, sp.Off+sp.Len) of block sp.Block.
+func (d *disk) zeroSpan(sp coalesce.Span) error {
+	return d.rmwBlock(sp.Block, func(b []byte) { clear(b[sp.Off : sp.Off+sp.Len]) })
 }
 
 // Punch makes [off, off+n) read as zeros and frees the whole blocks in it.
@@ -76,7 +74,6 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 	if err := s.writable(); err != nil {
 		return fmt.Errorf("disk %d punch: %w", d.id, err)
 	}
-	bs := int64(s.bs)
 	first, count := coalesce.BlockRange(uint64(off), uint64(n), s.bs)
 	lr := d.ranges.lock(first, count, true)
 	defer lr.unlock()
@@ -86,26 +83,26 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 
 	end := min(off+n, size)
 	if off < end {
-		// Whole blocks to free: those inside [off, end), where a last
-		// partial block ending at the size counts as whole (the bytes past
-		// the size are zeros already).
-		wFirst := (off + bs - 1) / bs
-		wEnd := end / bs
-		if end == size {
-			wEnd = (size + bs - 1) / bs
-		}
-		if off%bs != 0 {
-			if err := d.zeroPartial(off, min(end, (off/bs+1)*bs)); err != nil {
-				return fmt.Errorf("disk %d punch at %d: %w", d.id, off, err)
+		// Partial spans of [off, end) are zeroed in place and whole blocks
+		// freed, in one unmap. A partial last span that ends at the size
+		// (Off 0: not the head) counts as whole: the bytes past the size
+		// are zeros already.
+		var freeFirst, freeEnd uint64 // the blocks to free
+		spans := coalesce.Split(uint64(off), uint64(end-off), s.bs)
+		for _, sp := range spans.All() {
+			if sp.Partial && (sp.Off != 0 || end != size) {
+				if err := d.zeroSpan(sp); err != nil {
+					return fmt.Errorf("disk %d punch at %d: %w", d.id, off, err)
+				}
+				continue
 			}
-		}
-		if end%bs != 0 && end != size && end/bs >= wFirst && (off/bs != end/bs || off%bs == 0) {
-			if err := d.zeroPartial(end/bs*bs, end); err != nil {
-				return fmt.Errorf("disk %d punch at %d: %w", d.id, off, err)
+			if freeFirst == freeEnd {
+				freeFirst = sp.Block
 			}
+			freeEnd = sp.Block + sp.Blocks
 		}
-		if wFirst < wEnd {
-			d.unmap(uint64(wFirst), uint64(wEnd-wFirst))
+		if freeFirst < freeEnd {
+			d.unmap(freeFirst, freeEnd-freeFirst)
 		}
 	}
 	if !keepSize && off+n > size {
@@ -200,9 +197,14 @@ func (h *Disk) Truncate(size int64) error {
 	if size == old {
 		return nil
 	}
-	if size < old && size%bs != 0 {
-		if err := d.zeroPartial(size, min(old, (size/bs+1)*bs)); err != nil {
-			return fmt.Errorf("disk %d truncate to %d: %w", d.id, size, err)
+	if size < old {
+		// The head of the range cut off, when it starts inside a block, is
+		// the rest of the block the disk now ends in: zero it in place.
+		cut := coalesce.Split(uint64(size), uint64(old-size), s.bs)
+		if head := cut.S[0]; head.Off != 0 {
+			if err := d.zeroSpan(head); err != nil {
+				return fmt.Errorf("disk %d truncate to %d: %w", d.id, size, err)
+			}
 		}
 	}
 	d.setSize(size)
