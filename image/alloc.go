@@ -264,11 +264,11 @@ func complement(used []pext, total uint64) []pext {
 func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) ([]pext, error) {
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
-		if err := s.usableLocked(); err != nil {
+		if err := s.usableLockedMu(); err != nil {
 			s.mu.Unlock()
 			return dst, err
 		}
-		reserve := s.ckptReserveLocked()
+		reserve := s.ckptReserveLockedMu()
 		var err error
 		if s.mu.alloc.freeBlocks < n+reserve {
 			err = fmt.Errorf("need %d blocks, %d free (%d kept for metadata): %w", n, s.mu.alloc.freeBlocks, reserve, ErrNoSpace)
@@ -312,14 +312,15 @@ func (s *Store) unallocate(allocs []pext) {
 	}
 }
 
-// ckptReserveLocked is the number of blocks kept free so that a full store
+// ckptReserveLockedMu is the number of blocks kept free so that a full store
 // can always checkpoint, and checkpoint again: the blocks a checkpoint of
 // the current state needs, plus, when that is more than the current
 // checkpoint holds, the difference. The current checkpoint's blocks come
 // free only after the next one is written, so without that margin a store
 // whose metadata grew since its last checkpoint could write one more
 // checkpoint into the reserve and then have too little left for the next.
-func (s *Store) ckptReserveLocked() uint64 {
+// Caller holds s.mu.
+func (s *Store) ckptReserveLockedMu() uint64 {
 	bytes := ckptSize(len(s.mu.disks), len(s.mu.disks)*MaxNameLen, s.mu.extents, s.mu.alloc.byStart.Len()+maxCkptExtents)
 	need := uint64(bytes)/s.bs + 2
 	var cur uint64

@@ -44,7 +44,7 @@ func (s *Store) Create(name string, size int64, a Attr) (DiskInfo, error) {
 	defer s.cut.RUnlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.usableLocked(); err != nil {
+	if err := s.usableLockedMu(); err != nil {
 		return DiskInfo{}, fmt.Errorf("create disk %q: %w", name, err)
 	}
 	if _, ok := s.mu.names[name]; ok {
@@ -55,8 +55,8 @@ func (s *Store) Create(name string, size int64, a Attr) (DiskInfo, error) {
 	d := s.newDisk(id, name, attr)
 	s.mu.disks[id] = d
 	s.mu.names[name] = d
-	s.appendLocked(record{Type: recCreate, ID: id, Attr: attr, Name: name})
-	return d.infoUnlocked(), nil
+	s.appendLockedMu(record{Type: recCreate, ID: id, Attr: attr, Name: name})
+	return d.infoLockedMu(), nil
 }
 
 func nanos(t time.Time, def int64) int64 {
@@ -80,7 +80,7 @@ func (s *Store) newDisk(id uint64, name string, attr diskAttr) *disk {
 func (s *Store) Remove(name string) error {
 	s.cut.RLock()
 	defer s.cut.RUnlock()
-	d, unlock, err := s.lockNamed(name)
+	d, unlock, err := s.lockNamedLockedCut(name)
 	if err != nil {
 		return fmt.Errorf("remove disk %q: %w", name, err)
 	}
@@ -88,19 +88,19 @@ func (s *Store) Remove(name string) error {
 	if d.opens > 0 {
 		d.orphan = true
 		delete(s.mu.names, name)
-		s.appendLocked(record{Type: recUnlink, ID: d.id})
+		s.appendLockedMu(record{Type: recUnlink, ID: d.id})
 		return nil
 	}
-	s.deleteDiskLocked(d)
+	s.deleteDiskLockedMu(d)
 	return nil
 }
 
-// lockNamed finds the disk called name and locks it and the store, in the
-// lock order (d.mu, then s.mu), checking once both are held that the disk
-// still has that name (a rename in between makes it look again). It fails
-// when there is no such disk or the store takes no changes. Caller holds
-// s.cut shared, and calls unlock when done.
-func (s *Store) lockNamed(name string) (d *disk, unlock func(), err error) {
+// lockNamedLockedCut finds the disk called name and locks it and the store,
+// in the lock order (d.mu, then s.mu), checking once both are held that the
+// disk still has that name (a rename in between makes it look again). It
+// fails when there is no such disk or the store takes no changes. Caller
+// holds s.cut shared, and calls unlock when done.
+func (s *Store) lockNamedLockedCut(name string) (d *disk, unlock func(), err error) {
 	for {
 		s.mu.Lock()
 		d, ok := s.mu.names[name]
@@ -111,7 +111,7 @@ func (s *Store) lockNamed(name string) (d *disk, unlock func(), err error) {
 		d.mu.Lock()
 		s.mu.Lock()
 		if s.mu.names[name] == d {
-			if err := s.usableLocked(); err != nil {
+			if err := s.usableLockedMu(); err != nil {
 				s.mu.Unlock()
 				d.mu.Unlock()
 				return nil, nil, err
@@ -123,11 +123,11 @@ func (s *Store) lockNamed(name string) (d *disk, unlock func(), err error) {
 	}
 }
 
-// deleteDiskLocked frees every block of d and forgets it. with are more
+// deleteDiskLockedMu frees every block of d and forgets it. with are more
 // records of the same mutation, journalled after the delete in one unit (a
 // rename over d). Caller holds s.cut shared, d.mu and s.mu; d has no open
 // handles.
-func (s *Store) deleteDiskLocked(d *disk, with ...record) {
+func (s *Store) deleteDiskLockedMu(d *disk, with ...record) {
 	s.mu.extents -= d.m.Len()
 	freed := d.m.Punch(0, ^uint64(0), nil)
 	d.deleted = true
@@ -135,8 +135,8 @@ func (s *Store) deleteDiskLocked(d *disk, with ...record) {
 		delete(s.mu.names, d.name)
 	}
 	delete(s.mu.disks, d.id)
-	s.appendLocked(append([]record{{Type: recDelete, ID: d.id}}, with...)...)
-	s.quarantineLocked(freed)
+	s.appendLockedMu(append([]record{{Type: recDelete, ID: d.id}}, with...)...)
+	s.quarantineLockedMu(freed)
 }
 
 // deleteOrphans deletes disks that were unlinked while open when the store
@@ -156,7 +156,7 @@ func (s *Store) deleteOrphans() {
 		s.log.WithField("disk_id", d.id).Info("deleting disk unlinked while open")
 		d.mu.Lock()
 		s.mu.Lock()
-		s.deleteDiskLocked(d)
+		s.deleteDiskLockedMu(d)
 		s.mu.Unlock()
 		d.mu.Unlock()
 	}
@@ -178,7 +178,7 @@ func (s *Store) Rename(oldName, newName string) error {
 	}
 	s.cut.RLock()
 	defer s.cut.RUnlock()
-	d, target, unlock, err := s.lockRename(oldName, newName)
+	d, target, unlock, err := s.lockRenameLockedCut(oldName, newName)
 	if err != nil {
 		return fmt.Errorf("rename %q: %w", oldName, err)
 	}
@@ -193,25 +193,25 @@ func (s *Store) Rename(oldName, newName string) error {
 	rename := record{Type: recRename, ID: d.id, Name: newName}
 	switch {
 	case target == nil:
-		s.appendLocked(rename)
+		s.appendLockedMu(rename)
 	case target.opens > 0:
 		// Open handles keep the replaced disk until the last closes, as
 		// Remove does.
 		target.orphan = true
-		s.appendLocked(record{Type: recUnlink, ID: target.id}, rename)
+		s.appendLockedMu(record{Type: recUnlink, ID: target.id}, rename)
 	default:
-		s.deleteDiskLocked(target, rename)
+		s.deleteDiskLockedMu(target, rename)
 	}
 	return nil
 }
 
-// lockRename finds the disk called oldName and the one called newName
-// (target, nil when there is none) and locks them, the lower id first,
-// then the store, checking once all are held that the names still name
-// them (else it looks again). It fails when there is no disk called
+// lockRenameLockedCut finds the disk called oldName and the one called
+// newName (target, nil when there is none) and locks them, the lower id
+// first, then the store, checking once all are held that the names still
+// name them (else it looks again). It fails when there is no disk called
 // oldName or the store takes no changes. Caller holds s.cut shared, and
 // calls unlock when done.
-func (s *Store) lockRename(oldName, newName string) (d, target *disk, unlock func(), err error) {
+func (s *Store) lockRenameLockedCut(oldName, newName string) (d, target *disk, unlock func(), err error) {
 	for {
 		s.mu.Lock()
 		d, ok := s.mu.names[oldName]
@@ -237,7 +237,7 @@ func (s *Store) lockRename(oldName, newName string) (d, target *disk, unlock fun
 		}
 		s.mu.Lock()
 		if s.mu.names[oldName] == d && s.mu.names[newName] == target {
-			if err := s.usableLocked(); err != nil {
+			if err := s.usableLockedMu(); err != nil {
 				unlock()
 				return nil, nil, nil, err
 			}

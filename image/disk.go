@@ -70,8 +70,8 @@ func (h *Disk) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d.opens--
-	if d.opens == 0 && d.orphan && !d.deleted && s.usableLocked() == nil {
-		s.deleteDiskLocked(d)
+	if d.opens == 0 && d.orphan && !d.deleted && s.usableLockedMu() == nil {
+		s.deleteDiskLockedMu(d)
 	}
 	return nil
 }

@@ -18,11 +18,11 @@ func (h *Disk) Size() int64 {
 func (d *disk) info() DiskInfo {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.infoUnlocked()
+	return d.infoLockedMu()
 }
 
-// infoUnlocked builds a DiskInfo; caller holds d.mu (either mode) or owns d.
-func (d *disk) infoUnlocked() DiskInfo {
+// infoLockedMu builds a DiskInfo; caller holds d.mu (either mode) or owns d.
+func (d *disk) infoLockedMu() DiskInfo {
 	return DiskInfo{
 		ID:        d.id,
 		Name:      d.name,
@@ -63,7 +63,7 @@ func (h *Disk) SetAttr(c AttrChange) error {
 	defer d.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.usableLocked(); err != nil {
+	if err := s.usableLockedMu(); err != nil {
 		return fmt.Errorf("disk %d setattr: %w", d.id, err)
 	}
 	if c.Mode != nil {
@@ -82,13 +82,13 @@ func (h *Disk) SetAttr(c AttrChange) error {
 		d.mtime.Store(c.Mtime.UnixNano())
 	}
 	d.attr.Ctime = time.Now().UnixNano()
-	s.appendLocked(d.attrRecordLocked())
+	s.appendLockedMu(d.attrRecordLockedMu())
 	return nil
 }
 
-// attrRecordLocked returns a record of d's current attributes. Caller holds
+// attrRecordLockedMu returns a record of d's current attributes. Caller holds
 // d.mu.
-func (d *disk) attrRecordLocked() record {
+func (d *disk) attrRecordLockedMu() record {
 	a := d.attr
 	a.Atime, a.Mtime = d.atime.Load(), d.mtime.Load()
 	return record{Type: recAttr, ID: d.id, Attr: a}

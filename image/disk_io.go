@@ -132,7 +132,7 @@ func (h *Disk) write(p []byte, off int64, mayFUA bool) (n int, durable bool, err
 	defer lr.unlock()
 	sc := getScratch()
 	defer putScratch(sc)
-	if durable, err = d.writeLocked(sc, p, off, mayFUA); err != nil {
+	if durable, err = d.writeLockedRange(sc, p, off, mayFUA); err != nil {
 		return 0, false, err
 	}
 	d.countRequest(sc, true, uint64(len(p)))
@@ -165,9 +165,10 @@ func zeroHoles(buf []byte, segs []blockmap.Segment, first, bs uint64) {
 	}
 }
 
-// writeLocked is write with the range lock already held by the caller,
-// and a scratch of the caller's (empty).
-func (d *disk) writeLocked(sc *scratch, p []byte, off int64, mayFUA bool) (durable bool, err error) {
+// writeLockedRange is write with the range lock already held: caller holds
+// an exclusive range lock over the write's blocks, and gives a scratch of
+// its own (empty).
+func (d *disk) writeLockedRange(sc *scratch, p []byte, off int64, mayFUA bool) (durable bool, err error) {
 	s := d.s
 	if err := s.writable(); err != nil {
 		return false, fmt.Errorf("disk %d write: %w", d.id, err)
@@ -226,7 +227,7 @@ func (d *disk) writeLocked(sc *scratch, p []byte, off int64, mayFUA bool) (durab
 	s.writeGen.Add(1)
 	d.touch()
 
-	d.publishWrite(sc, off+int64(n))
+	d.publishWriteLockedRange(sc, off+int64(n))
 	return durable, nil
 }
 
@@ -288,10 +289,10 @@ func (s *Store) recordsDurable() bool {
 	return s.durableRec.Load() >= appended
 }
 
-// publishWrite ends a write whose data is on the backing: it maps the
-// blocks allocHoles gave it and grows the disk to end, with their records.
-// The caller holds the write's range lock.
-func (d *disk) publishWrite(sc *scratch, end int64) {
+// publishWriteLockedRange ends a write whose data is on the backing: it maps
+// the blocks allocHoles gave it and grows the disk to end, with their
+// records. Caller holds the write's range lock.
+func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
 	s := d.s
 	if len(sc.allocs) == 0 && !d.grows(end) {
 		return
@@ -320,7 +321,7 @@ func (d *disk) publishWrite(sc *scratch, end int64) {
 	for _, e := range sc.allocs {
 		delete(s.mu.inflight, e.Start)
 	}
-	s.appendLocked(recs...)
+	s.appendLockedMu(recs...)
 	s.mu.Unlock()
 }
 

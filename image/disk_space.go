@@ -8,9 +8,10 @@ import (
 	"github.com/vdiskfs/vdiskfs/coalesce"
 )
 
-// rmwBlock rewrites the mapped virtual block v with fn applied to its
-// content; a hole is left alone. Caller holds an exclusive range lock on v.
-func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
+// rmwBlockLockedRange rewrites the mapped virtual block v with fn applied to
+// its content; a hole is left alone. Caller holds an exclusive range lock on
+// v.
+func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 	s := d.s
 	d.mu.RLock()
 	segs := d.m.Lookup(nil, v, 1)
@@ -39,10 +40,11 @@ func (d *disk) rmwBlock(v uint64, fn func(block []byte)) error {
 	return nil
 }
 
-// zeroSpan zeroes the bytes of a partial span (coalesce.Split) in place:
-// [sp.Off, sp.Off+sp.Len) of block sp.Block.
-func (d *disk) zeroSpan(sp coalesce.Span) error {
-	return d.rmwBlock(sp.Block, func(b []byte) { clear(b[sp.Off : sp.Off+sp.Len]) })
+// zeroSpanLockedRange zeroes the bytes of a partial span (coalesce.Split) in
+// place: [sp.Off, sp.Off+sp.Len) of block sp.Block. Caller holds an
+// exclusive range lock on sp.Block.
+func (d *disk) zeroSpanLockedRange(sp coalesce.Span) error {
+	return d.rmwBlockLockedRange(sp.Block, func(b []byte) { clear(b[sp.Off : sp.Off+sp.Len]) })
 }
 
 // Punch makes [off, off+n) read as zeros and frees the whole blocks in it.
@@ -91,7 +93,7 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 		spans := coalesce.Split(uint64(off), uint64(end-off), s.bs)
 		for _, sp := range spans.All() {
 			if sp.Partial && (sp.Off != 0 || end != size) {
-				if err := d.zeroSpan(sp); err != nil {
+				if err := d.zeroSpanLockedRange(sp); err != nil {
 					return fmt.Errorf("disk %d punch at %d: %w", d.id, off, err)
 				}
 				continue
@@ -102,19 +104,19 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 			freeEnd = sp.Block + sp.Blocks
 		}
 		if freeFirst < freeEnd {
-			d.unmap(freeFirst, freeEnd-freeFirst)
+			d.unmapLockedRange(freeFirst, freeEnd-freeFirst)
 		}
 	}
 	if !keepSize && off+n > size {
-		d.growSize(off + n)
+		d.growSizeLockedRange(off + n)
 	}
 	d.touch()
 	return nil
 }
 
-// unmap frees virtual blocks [v, v+n) and journals it. Caller holds an
-// exclusive range lock over them.
-func (d *disk) unmap(v, n uint64) {
+// unmapLockedRange frees virtual blocks [v, v+n) and journals it. Caller
+// holds an exclusive range lock over them.
+func (d *disk) unmapLockedRange(v, n uint64) {
 	s := d.s
 	s.cut.RLock()
 	defer s.cut.RUnlock()
@@ -128,13 +130,14 @@ func (d *disk) unmap(v, n uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.extents += d.m.Len() - before
-	s.appendLocked(record{Type: recPunch, ID: d.id, Virt: v, Len: n})
-	s.quarantineLocked(freed)
+	s.appendLockedMu(record{Type: recPunch, ID: d.id, Virt: v, Len: n})
+	s.quarantineLockedMu(freed)
 }
 
-// setSize sets the size and journals it; a shrink unmaps every block past
-// the new size. Caller holds an exclusive range lock from the new size on.
-func (d *disk) setSize(size int64) {
+// setSizeLockedRange sets the size and journals it; a shrink unmaps every
+// block past the new size. Caller holds an exclusive range lock from the new
+// size on.
+func (d *disk) setSizeLockedRange(size int64) {
 	s := d.s
 	s.cut.RLock()
 	defer s.cut.RUnlock()
@@ -148,16 +151,16 @@ func (d *disk) setSize(size int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.extents += d.m.Len() - before
-	s.appendLocked(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
-	s.quarantineLocked(freed)
+	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
+	s.quarantineLockedMu(freed)
 }
 
-// growSize raises the size to size and journals it; it never lowers it.
-// A grower (Allocate, ZeroRange) reads the size when it starts and holds
-// only its own range, so a write past that range may have grown the disk
-// further meanwhile: that size, and the write's blocks, stay. Caller holds
-// an exclusive range lock over its own range.
-func (d *disk) growSize(size int64) {
+// growSizeLockedRange raises the size to size and journals it; it never
+// lowers it. A grower (Allocate, ZeroRange) reads the size when it starts
+// and holds only its own range, so a write past that range may have grown
+// the disk further meanwhile: that size, and the write's blocks, stay.
+// Caller holds an exclusive range lock over its own range.
+func (d *disk) growSizeLockedRange(size int64) {
 	s := d.s
 	s.cut.RLock()
 	defer s.cut.RUnlock()
@@ -170,7 +173,7 @@ func (d *disk) growSize(size int64) {
 	d.attr.Ctime = time.Now().UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.appendLocked(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
+	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
 }
 
 // Truncate sets the disk's size. Shrinking frees every block past the new
@@ -202,12 +205,12 @@ func (h *Disk) Truncate(size int64) error {
 		// the rest of the block the disk now ends in: zero it in place.
 		cut := coalesce.Split(uint64(size), uint64(old-size), s.bs)
 		if head := cut.S[0]; head.Off != 0 {
-			if err := d.zeroSpan(head); err != nil {
+			if err := d.zeroSpanLockedRange(head); err != nil {
 				return fmt.Errorf("disk %d truncate to %d: %w", d.id, size, err)
 			}
 		}
 	}
-	d.setSize(size)
+	d.setSizeLockedRange(size)
 	d.touch()
 	return nil
 }
@@ -241,19 +244,20 @@ func (h *Disk) Allocate(off, n int64, keepSize bool) error {
 	}
 	if off < end {
 		first, count = coalesce.BlockRange(uint64(off), uint64(end-off), s.bs)
-		if err := d.allocateZeroed(first, count); err != nil {
+		if err := d.allocateZeroedLockedRange(first, count); err != nil {
 			return fmt.Errorf("disk %d allocate [%d,+%d): %w", d.id, off, n, err)
 		}
 	}
 	if !keepSize && off+n > size {
-		d.growSize(off + n)
+		d.growSizeLockedRange(off + n)
 	}
 	return nil
 }
 
-// allocateZeroed gives the holes in virtual blocks [first, first+count)
-// zeroed blocks. Caller holds an exclusive range lock over them.
-func (d *disk) allocateZeroed(first, count uint64) error {
+// allocateZeroedLockedRange gives the holes in virtual blocks [first,
+// first+count) zeroed blocks. Caller holds an exclusive range lock over
+// them.
+func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 	s := d.s
 	bs := s.bs
 	d.mu.RLock()
@@ -297,7 +301,7 @@ func (d *disk) allocateZeroed(first, count uint64) error {
 		for _, e := range allocs {
 			delete(s.mu.inflight, e.Start)
 		}
-		s.appendLocked(recs...)
+		s.appendLockedMu(recs...)
 		s.mu.Unlock()
 		d.mu.Unlock()
 		s.cut.RUnlock()

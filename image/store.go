@@ -69,7 +69,9 @@ type Options struct {
 //	mu        the catalog, allocator, pending journal records and quarantine.
 //
 // No lock but a disk's range lock is held across backend data I/O; commitMu
-// is held across metadata I/O, which only commits and checkpoints do.
+// is held across metadata I/O, which only commits and checkpoints do. A
+// function that needs one of these held names it in its suffix (LockedMu,
+// LockedCommit, LockedCut; see the package doc, Concurrency).
 type Store struct {
 	be         backend.Backend
 	log        logrus.FieldLogger
@@ -411,14 +413,14 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	var err error
 	if !s.opts.ReadOnly && failed == nil {
-		if err = s.checkpointLocked(); errors.Is(err, ErrNoSpace) {
+		if err = s.checkpointLockedCommit(); errors.Is(err, ErrNoSpace) {
 			// A full store whose metadata grew: commit through the
 			// journal instead; the next open replays it.
 			s.log.WithError(err).Warn("no space for a checkpoint at close; committing to the journal")
 			s.mu.Lock()
 			want := s.mu.recGen
 			s.mu.Unlock()
-			err = s.commitLocked(want, s.writeGen.Load(), true)
+			err = s.commitLockedCommit(want, s.writeGen.Load(), true)
 		}
 		if err == nil {
 			sb := s.sb
@@ -454,9 +456,9 @@ func (s *Store) fail(err error) error {
 	return failed
 }
 
-// usable returns the reason the store cannot take writes, if any. Caller
-// holds s.mu.
-func (s *Store) usableLocked() error {
+// usableLockedMu returns the reason the store cannot take writes, if any.
+// Caller holds s.mu.
+func (s *Store) usableLockedMu() error {
 	switch {
 	case s.mu.closed:
 		return ErrClosed
@@ -472,19 +474,19 @@ func (s *Store) usableLocked() error {
 func (s *Store) writable() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.usableLocked()
+	return s.usableLockedMu()
 }
 
-// appendLocked queues journal records. Caller holds s.cut (shared) and
+// appendLockedMu queues journal records. Caller holds s.cut (shared) and
 // s.mu, and the disk's mu when the record is about a disk.
-func (s *Store) appendLocked(recs ...record) {
+func (s *Store) appendLockedMu(recs ...record) {
 	s.mu.pend.add(recs)
 	s.mu.recGen += uint64(len(recs))
 }
 
-// quarantineLocked holds blocks freed by the records appended last until
+// quarantineLockedMu holds blocks freed by the records appended last until
 // those are durable (docs/DESIGN.md, crash rule 3). Caller holds s.mu.
-func (s *Store) quarantineLocked(freed []blockmap.Extent) {
+func (s *Store) quarantineLockedMu(freed []blockmap.Extent) {
 	q := make([]pext, len(freed))
 	for i, f := range freed {
 		q[i] = pext{Start: f.Phys, Len: f.Len}
