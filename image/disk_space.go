@@ -86,10 +86,11 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 	end := min(off+n, size)
 	if off < end {
 		// Partial spans of [off, end) are zeroed in place and whole blocks
-		// freed, in one unmap. A partial last span that ends at the size
-		// (Off 0: not the head) counts as whole: the bytes past the size
-		// are zeros already.
-		var freeFirst, freeEnd uint64 // the blocks to free
+		// freed, in one unmap. A partial span that starts on a block
+		// boundary (Off 0: the tail) and ends at the size counts as whole:
+		// the bytes past the size are zeros already. The blocks to free
+		// are therefore one run: the whole span and such a tail after it.
+		var freeFirst, freeEnd uint64
 		spans := coalesce.Split(uint64(off), uint64(end-off), s.bs)
 		for _, sp := range spans.All() {
 			if sp.Partial && (sp.Off != 0 || end != size) {
