@@ -1,6 +1,7 @@
 package image
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/google/btree"
@@ -254,4 +255,80 @@ func complement(used []pext, total uint64) []pext {
 		free = append(free, pext{Start: cur, Len: total - cur})
 	}
 	return free
+}
+
+// allocData allocates n data blocks for a write, keeping back the blocks a
+// checkpoint will need. When the store is full but blocks are waiting in
+// quarantine, it commits once to release them and tries again, if
+// mayCommit.
+func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) ([]pext, error) {
+	for attempt := 0; ; attempt++ {
+		s.mu.Lock()
+		if err := s.usableLockedMu(); err != nil {
+			s.mu.Unlock()
+			return dst, err
+		}
+		reserve := s.ckptReserveLockedMu()
+		var err error
+		if s.mu.alloc.freeBlocks < n+reserve {
+			err = fmt.Errorf("need %d blocks, %d free (%d kept for metadata): %w", n, s.mu.alloc.freeBlocks, reserve, ErrNoSpace)
+		} else {
+			start := len(dst)
+			dst, err = s.mu.alloc.alloc(dst, n, goal, hasGoal)
+			for _, e := range dst[start:] {
+				s.mu.inflight[e.Start] = e.Len
+			}
+			if err == nil {
+				s.stats.Allocations.Add(1)
+				s.stats.AllocatedBlocks.Add(n)
+			}
+		}
+		// Blocks in quarantine, or taken by a commit under way, come free
+		// when a commit completes: wait for one and try again.
+		canRetry := len(s.mu.pend.quarantine) > 0 || s.mu.releasing > 0
+		s.mu.Unlock()
+		if err == nil || !errors.Is(err, ErrNoSpace) || !canRetry || !mayCommit || attempt > 0 {
+			return dst, err
+		}
+		if cerr := s.Commit(); cerr != nil {
+			return dst, fmt.Errorf("%w (commit to release freed blocks: %v)", err, cerr)
+		}
+	}
+}
+
+// unallocate returns blocks that were allocated but never mapped: no record
+// names them, so they go straight back to the free set.
+func (s *Store) unallocate(allocs []pext) {
+	if len(allocs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range allocs {
+		delete(s.mu.inflight, e.Start)
+		if err := s.mu.alloc.free(e); err != nil {
+			s.log.WithError(err).Error("returning unused blocks")
+		}
+	}
+}
+
+// ckptReserveLockedMu is the number of blocks kept free so that a full store
+// can always checkpoint, and checkpoint again: the blocks a checkpoint of
+// the current state needs, plus, when that is more than the current
+// checkpoint holds, the difference. The current checkpoint's blocks come
+// free only after the next one is written, so without that margin a store
+// whose metadata grew since its last checkpoint could write one more
+// checkpoint into the reserve and then have too little left for the next.
+// Caller holds s.mu.
+func (s *Store) ckptReserveLockedMu() uint64 {
+	bytes := ckptSize(len(s.mu.disks), len(s.mu.disks)*MaxNameLen, s.mu.extents, s.mu.alloc.byStart.Len()+maxCkptExtents)
+	need := uint64(bytes)/s.bs + 2
+	var cur uint64
+	for _, e := range s.mu.ckptExts {
+		cur += e.Len
+	}
+	if need > cur {
+		need += need - cur
+	}
+	return need
 }

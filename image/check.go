@@ -171,12 +171,14 @@ func (s *Store) Check() *Report {
 func (s *Store) CheckProgress(progress func(done, total int)) *Report {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	return s.checkLockedProgress(progress)
+	return s.checkProgressLockedCommit(progress)
 }
 
-func (s *Store) checkLocked() *Report { return s.checkLockedProgress(nil) }
+// checkLockedCommit is Check. Caller holds commitMu.
+func (s *Store) checkLockedCommit() *Report { return s.checkProgressLockedCommit(nil) }
 
-func (s *Store) checkLockedProgress(progress func(done, total int)) *Report {
+// checkProgressLockedCommit is CheckProgress. Caller holds commitMu.
+func (s *Store) checkProgressLockedCommit(progress func(done, total int)) *Report {
 	s.cut.Lock()
 	defer s.cut.Unlock()
 	rep := &Report{DataBlocks: s.sb.DataBlocks}
@@ -184,7 +186,7 @@ func (s *Store) checkLockedProgress(progress func(done, total int)) *Report {
 	for _, f := range s.openFindings {
 		rep.add(f, counts)
 	}
-	refs, free, ds := s.collectRefs(rep, counts, progress)
+	refs, free, ds := s.collectRefsLockedCut(rep, counts, progress)
 	rep.Disks = len(ds)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Start < refs[j].Start })
 
@@ -242,11 +244,11 @@ func (s *Store) checkLockedProgress(progress func(done, total int)) *Report {
 	return rep
 }
 
-// collectRefs checks every disk's name and map and returns every user of
-// physical blocks: disk extents (inside the data region), the checkpoint,
-// writes in flight and blocks waiting for their release to commit, and the
-// free map. Caller holds s.cut exclusively.
-func (s *Store) collectRefs(rep *Report, counts map[string]int, progress func(done, total int)) ([]ref, []pext, []*disk) {
+// collectRefsLockedCut checks every disk's name and map and returns every
+// user of physical blocks: disk extents (inside the data region), the
+// checkpoint, writes in flight and blocks waiting for their release to
+// commit, and the free map. Caller holds s.cut exclusively.
+func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progress func(done, total int)) ([]ref, []pext, []*disk) {
 	// Allocations and releases go on under s.mu alone (they do not need the
 	// cut), so the free map, writes in flight and the quarantine are read
 	// in one critical section.

@@ -14,16 +14,17 @@ import (
 func (s *Store) Checkpoint() error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	return s.checkpointLocked()
+	return s.checkpointLockedCommit()
 }
 
-// checkpointLocked captures a consistent cut under s.cut (maps are cloned in
-// O(1), so writers wait only for the capture), then writes it outside every
-// lock but commitMu. Order: flush data, write the checkpoint, flush, write
-// superblock A, flush, B, flush; only then release the blocks of the old
-// checkpoint and of the records it covers. A crash at any point leaves
-// either the old checkpoint plus its journal, or the new one.
-func (s *Store) checkpointLocked() error {
+// checkpointLockedCommit captures a consistent cut under s.cut (maps are
+// cloned in O(1), so writers wait only for the capture), then writes it
+// outside every lock but commitMu. Order: flush data, write the checkpoint,
+// flush, write superblock A, flush, B, flush; only then release the blocks
+// of the old checkpoint and of the records it covers. A crash at any point
+// leaves either the old checkpoint plus its journal, or the new one. Caller
+// holds commitMu.
+func (s *Store) checkpointLockedCommit() error {
 	if s.opts.ReadOnly {
 		return nil
 	}
@@ -53,7 +54,7 @@ func (s *Store) checkpointLocked() error {
 	for i, d := range ds {
 		d.mu.Lock()
 		maps[i] = d.m.Clone()
-		r := d.attrRecordLocked()
+		r := d.attrRecordLockedMu()
 		c.Disks[i] = ckptDisk{ID: d.id, Attr: r.Attr, Name: d.name}
 		c.Disks[i].Attr.Size = d.attr.Size
 		if d.orphan {
@@ -104,8 +105,8 @@ func (s *Store) checkpointLocked() error {
 	s.mu.ckptExts = exts
 	s.mu.Unlock()
 	s.stats.Checkpoints.Add(1)
-	s.release(append(taken.quarantine, oldExts...))
-	return s.strictCheckLocked()
+	s.releaseLockedCommit(append(taken.quarantine, oldExts...))
+	return s.strictCheckLockedCommit()
 }
 
 func (s *Store) flushData() error {

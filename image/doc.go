@@ -70,6 +70,23 @@
 // state together with its journal records, and exclusively by a
 // checkpoint's capture and by Check, which therefore see one consistent cut.
 //
+// A function that needs its caller to hold a lock ends in Locked and the
+// name of that lock, and its doc comment has a line "Caller holds ..."
+// naming every lock it needs (the suffix names the one that guards what it
+// reads or changes; the doc line also names the others, such as s.cut
+// around a journalled change):
+//
+//	...LockedRange   the disk's range lock over the blocks it touches
+//	                 (writeLockedRange, setSizeLockedRange)
+//	...LockedCommit  Store.commitMu (commitLockedCommit, checkpointLockedCommit)
+//	...LockedCut     Store.cut, shared or exclusive as the doc line says
+//	                 (lockNamedLockedCut, collectRefsLockedCut)
+//	...LockedMu      the receiver's own mu: Store.mu for a *Store
+//	                 (appendLockedMu), disk.mu for a *disk
+//	                 (attrRecordLockedMu), rangeLock.mu, a backend's mu
+//
+// A bare Locked suffix is not used: with five locks it would not say which.
+//
 // # Checking
 //
 // Store.Check is the one checker: vdisk fsck runs it, tests run it on every

@@ -191,7 +191,7 @@ func (pl *IOPlan) Finish() {
 	if pl.write {
 		d.s.writeGen.Add(1)
 		d.touch()
-		d.publishWrite(sc, pl.off+int64(pl.N))
+		d.publishWriteLockedRange(sc, pl.off+int64(pl.N))
 		sc.allocs = sc.allocs[:0] // mapped now: Abort must not return them
 	}
 	d.countRequest(sc, pl.write, uint64(pl.N))

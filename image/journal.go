@@ -37,17 +37,17 @@ func (s *Store) commit(times bool) error {
 	wantWrites := s.writeGen.Load()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	return s.commitLocked(want, wantWrites, times)
+	return s.commitLockedCommit(want, wantWrites, times)
 }
 
-// commitLocked writes one journal commit with every pending record, or a
-// checkpoint when the journal is three quarters full; with times, the
+// commitLockedCommit writes one journal commit with every pending record, or
+// a checkpoint when the journal is three quarters full; with times, the
 // disks' dirty access and modification times are journalled first. It
-// returns at once when an earlier commit covered wantRec records and a
-// flush covered wantWrites data writes. The last quarter of the journal is
-// kept for commits that must go through while a full store has no room for
-// a checkpoint: see commitReserveLocked. Caller holds commitMu.
-func (s *Store) commitLocked(wantRec, wantWrites uint64, times bool) error {
+// returns at once when an earlier commit covered wantRec records and a flush
+// covered wantWrites data writes. The last quarter of the journal is kept
+// for commits that must go through while a full store has no room for a
+// checkpoint: see commitReserveLockedCommit. Caller holds commitMu.
+func (s *Store) commitLockedCommit(wantRec, wantWrites uint64, times bool) error {
 	s.mu.Lock()
 	err := s.mu.failed
 	s.mu.Unlock()
@@ -72,24 +72,24 @@ func (s *Store) commitLocked(wantRec, wantWrites uint64, times bool) error {
 		return nil
 	}
 	if s.jOff+commitSize(len(p.recs), p.count) <= s.journalLen*3/4 {
-		return s.writeCommitLocked(p.take(), writes)
+		return s.writeCommitLockedCommit(p.take(), writes)
 	}
 	s.mu.Unlock()
-	err = s.checkpointLocked()
+	err = s.checkpointLockedCommit()
 	if !errors.Is(err, ErrNoSpace) {
 		return err
 	}
-	return s.commitReserveLocked(writes, err)
+	return s.commitReserveLockedCommit(writes, err)
 }
 
-// commitReserveLocked commits into the journal's last quarter because a
-// full store has no room for a checkpoint (ckptErr): its metadata grew
-// (punches split extents, disks were created) and the blocks that would
-// make room are in quarantine until the records freeing them are durable.
-// A batch larger than the room left goes in parts, each ending between two
-// mutations; every part releases the blocks its records freed, and then
-// the checkpoint is tried again. Caller holds commitMu.
-func (s *Store) commitReserveLocked(writes uint64, ckptErr error) error {
+// commitReserveLockedCommit commits into the journal's last quarter because
+// a full store has no room for a checkpoint (ckptErr): its metadata grew
+// (punches split extents, disks were created) and the blocks that would make
+// room are in quarantine until the records freeing them are durable. A batch
+// larger than the room left goes in parts, each ending between two
+// mutations; every part releases the blocks its records freed, and then the
+// checkpoint is tried again. Caller holds commitMu.
+func (s *Store) commitReserveLockedCommit(writes uint64, ckptErr error) error {
 	for {
 		s.mu.Lock()
 		part, ok := s.mu.pend.takePrefix(s.journalLen - s.jOff)
@@ -99,17 +99,17 @@ func (s *Store) commitReserveLocked(writes uint64, ckptErr error) error {
 		}
 		rest := s.mu.pend.count > 0
 		s.log.WithError(ckptErr).WithField("records", part.count).Warn("no space for a checkpoint; committing to the journal's reserve")
-		if err := s.writeCommitLocked(part, writes); err != nil || !rest {
+		if err := s.writeCommitLockedCommit(part, writes); err != nil || !rest {
 			return err
 		}
-		ckptErr = s.checkpointLocked()
+		ckptErr = s.checkpointLockedCommit()
 		if !errors.Is(ckptErr, ErrNoSpace) {
 			return ckptErr
 		}
 	}
 }
 
-// writeCommitLocked writes part, taken from s.mu.pend, as one journal
+// writeCommitLockedCommit writes part, taken from s.mu.pend, as one journal
 // commit: flush the data its records point to, write the commit, flush it,
 // then release the blocks its records freed. Caller holds commitMu and
 // s.mu, which it releases.
@@ -123,7 +123,7 @@ func (s *Store) commitReserveLocked(writes uint64, ckptErr error) error {
 // data's blocks were mapped by earlier commits and still read as either
 // their old or their new bytes. That halves the flushes of a timed commit
 // over overwrites, where the only records are the disks' times.
-func (s *Store) writeCommitLocked(part pending, writes uint64) error {
+func (s *Store) writeCommitLockedCommit(part pending, writes uint64) error {
 	rec := s.mu.recGen - uint64(s.mu.pend.count) // records after part are not in it
 	seq := s.mu.nextSeq
 	size := commitSize(len(part.recs), part.count)
@@ -160,16 +160,17 @@ func (s *Store) writeCommitLocked(part pending, writes uint64) error {
 		s.jOff += size
 	}
 	s.durableRec.Store(rec)
-	s.release(part.quarantine)
-	return s.strictCheckLocked()
+	s.releaseLockedCommit(part.quarantine)
+	return s.strictCheckLockedCommit()
 }
 
-// strictCheckLocked runs Check after a commit in Strict mode.
-func (s *Store) strictCheckLocked() error {
+// strictCheckLockedCommit runs Check after a commit in Strict mode. Caller
+// holds commitMu.
+func (s *Store) strictCheckLockedCommit() error {
 	if !s.opts.Strict {
 		return nil
 	}
-	if rep := s.checkLocked(); !rep.Clean() {
+	if rep := s.checkLockedCommit(); !rep.Clean() {
 		return fmt.Errorf("strict check after commit: %s: %w", rep.Findings[0].Message, ErrCorrupt)
 	}
 	return nil
@@ -205,7 +206,7 @@ func (s *Store) appendDirtyTimes() {
 		d.mu.RLock()
 		s.mu.Lock()
 		if !d.deleted {
-			s.appendLocked(d.attrRecordLocked())
+			s.appendLockedMu(d.attrRecordLockedMu())
 		}
 		s.mu.Unlock()
 		d.mu.RUnlock()
@@ -221,9 +222,9 @@ func (s *Store) doneReleasing() {
 	s.mu.Unlock()
 }
 
-// release discards blocks whose freeing is now durable and returns them to
-// the allocator. Caller holds commitMu.
-func (s *Store) release(q []pext) {
+// releaseLockedCommit discards blocks whose freeing is now durable and
+// returns them to the allocator. Caller holds commitMu.
+func (s *Store) releaseLockedCommit(q []pext) {
 	if len(q) == 0 {
 		return
 	}

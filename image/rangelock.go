@@ -49,7 +49,7 @@ func (l *rangeLock) lock(first, count uint64, exclusive bool) lockedRange {
 		l.cond.Wait()
 		l.waiters--
 	}
-	return l.addLocked(first, end, exclusive)
+	return l.addLockedMu(first, end, exclusive)
 }
 
 // tryLock is lock without waiting: ok is false, and nothing is held, when
@@ -61,7 +61,7 @@ func (l *rangeLock) tryLock(first, count uint64, exclusive bool) (r lockedRange,
 	if l.conflicts(first, end, exclusive) {
 		return lockedRange{}, false
 	}
-	return l.addLocked(first, end, exclusive), true
+	return l.addLockedMu(first, end, exclusive), true
 }
 
 // rangeEnd is the end of blocks [first, first+count), clamped to the end
@@ -73,9 +73,9 @@ func rangeEnd(first, count uint64) uint64 {
 	return ^uint64(0)
 }
 
-// addLocked records a held range. Caller holds l.mu and has checked that it
+// addLockedMu records a held range. Caller holds l.mu and has checked that it
 // does not conflict.
-func (l *rangeLock) addLocked(first, end uint64, exclusive bool) lockedRange {
+func (l *rangeLock) addLockedMu(first, end uint64, exclusive bool) lockedRange {
 	id := uint64(0)
 	for _, h := range l.held {
 		id = max(id, h.id)

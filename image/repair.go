@@ -30,23 +30,23 @@ func (s *Store) Repair() ([]string, error) {
 	if s.opts.ReadOnly {
 		return nil, fmt.Errorf("repair: %w", ErrReadOnly)
 	}
-	if rep := s.checkLocked(); rep.Clean() {
+	if rep := s.checkLockedCommit(); rep.Clean() {
 		return nil, nil
 	}
-	actions := s.repairState()
+	actions := s.repairStateLockedCommit()
 	s.openFindings = nil
-	if err := s.checkpointLocked(); err != nil {
+	if err := s.checkpointLockedCommit(); err != nil {
 		return actions, fmt.Errorf("repair: write checkpoint: %w", err)
 	}
 	actions = append(actions, "wrote a new checkpoint and both superblock copies")
-	if rep := s.checkLocked(); !rep.Clean() {
+	if rep := s.checkLockedCommit(); !rep.Clean() {
 		return actions, fmt.Errorf("repair left %d finding(s), first: %s: %w", len(rep.Findings), rep.Findings[0], ErrCorrupt)
 	}
 	return actions, nil
 }
 
-// repairState fixes the in-memory state. Caller holds commitMu.
-func (s *Store) repairState() []string {
+// repairStateLockedCommit fixes the in-memory state. Caller holds commitMu.
+func (s *Store) repairStateLockedCommit() []string {
 	s.cut.Lock()
 	defer s.cut.Unlock()
 	s.mu.Lock()

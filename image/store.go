@@ -1,14 +1,11 @@
 package image
 
 import (
-	"bytes"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
-	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +14,6 @@ import (
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
-	"golang.org/x/sys/unix"
 )
 
 // DefaultCommitInterval bounds how much acknowledged-but-unsynced work a
@@ -73,7 +69,9 @@ type Options struct {
 //	mu        the catalog, allocator, pending journal records and quarantine.
 //
 // No lock but a disk's range lock is held across backend data I/O; commitMu
-// is held across metadata I/O, which only commits and checkpoints do.
+// is held across metadata I/O, which only commits and checkpoints do. A
+// function that needs one of these held names it in its suffix (LockedMu,
+// LockedCommit, LockedCut; see the package doc, Concurrency).
 type Store struct {
 	be         backend.Backend
 	log        logrus.FieldLogger
@@ -242,103 +240,6 @@ func OpenPath(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	return s, nil
-}
-
-// lockWait bounds how long OpenPath waits for the lock of a store whose
-// owner on this host has died. The kernel drops a killed process's flock
-// when the last reference to its open file goes, and reads the process had
-// in flight in its io_uring hold a reference until they complete, after the
-// process is gone: a remount right after kill -9 can find the lock held for
-// a moment by nobody.
-const lockWait = 5 * time.Second
-
-// openBackend is backend.Open, retried while the lock is held by a dead
-// owner on this host, for at most lockWait.
-func openBackend(path string, o backend.OpenOptions) (backend.Backend, error) {
-	deadline := time.Now().Add(lockWait)
-	for {
-		be, err := backend.Open(path, o)
-		if err == nil || !errors.Is(err, backend.ErrLocked) || time.Now().After(deadline) {
-			return be, err
-		}
-		sb := readOwner(path)
-		host, _ := os.Hostname()
-		if sb == nil || sb.Host != host || sb.OwnerPID <= 0 || !processGone(int(sb.OwnerPID)) {
-			return be, err // a live owner, or one we cannot tell
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// processGone reports whether process pid has exited: it does not exist,
-// or it is a zombie its parent has not reaped yet (a killed daemon's
-// parent may be slow to, and a zombie holds no files).
-func processGone(pid int) bool {
-	if unix.Kill(pid, 0) == unix.ESRCH {
-		return true
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return errors.Is(err, os.ErrNotExist)
-	}
-	// The state follows the command name, which is in parentheses.
-	i := bytes.LastIndexByte(stat, ')')
-	return i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
-}
-
-// readOwner reads the superblock of a store without taking the lock, or
-// nil when it is not open by anyone or cannot be read.
-func readOwner(path string) *superblock {
-	be, err := backend.Open(path, backend.OpenOptions{ReadOnly: true, NoLock: true, Engine: backend.EnginePread})
-	if err != nil {
-		return nil
-	}
-	defer be.Close()
-	sb, _, err := readSuperblocks(be)
-	if err != nil || sb.State != stateOpen {
-		return nil
-	}
-	return sb
-}
-
-// Holder is the owner record of a store that is open read-write: who opened
-// it. It is read without the lock, so it may be stale: an owner that was
-// killed leaves its record behind until the next open.
-type Holder struct {
-	Program string // "vdisk mount", "vdisk fsck", ...; "" when unknown
-	PID     int
-	Host    string
-	Opened  time.Time
-}
-
-// ReadHolder reads the owner record of the store at path without taking its
-// lock (for a caller that was refused the lock and wants to know whether the
-// holder is about to let go). ok is false when the record says the store is
-// closed, or the superblock cannot be read.
-func ReadHolder(path string) (h Holder, ok bool) {
-	sb := readOwner(path)
-	if sb == nil {
-		return Holder{}, false
-	}
-	return Holder{Program: sb.Program, PID: int(sb.OwnerPID), Host: sb.Host, Opened: time.Unix(0, sb.OpenedNano)}, true
-}
-
-// describeOwner reads the owner record of a locked store without taking the
-// lock, to name the holder in the error.
-func describeOwner(path string) string {
-	sb := readOwner(path)
-	if sb == nil {
-		return ""
-	}
-	return fmt.Sprintf(" (held by %s, pid %d on host %q since %s)", orUnknown(sb.Program), sb.OwnerPID, sb.Host,
-		time.Unix(0, sb.OpenedNano).Format(time.RFC3339))
-}
-
-func orUnknown(s string) string {
-	if s == "" {
-		return "an unknown program"
-	}
-	return s
 }
 
 // readSuperblocks reads both copies and returns the valid one with the
@@ -512,14 +413,14 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	var err error
 	if !s.opts.ReadOnly && failed == nil {
-		if err = s.checkpointLocked(); errors.Is(err, ErrNoSpace) {
+		if err = s.checkpointLockedCommit(); errors.Is(err, ErrNoSpace) {
 			// A full store whose metadata grew: commit through the
 			// journal instead; the next open replays it.
 			s.log.WithError(err).Warn("no space for a checkpoint at close; committing to the journal")
 			s.mu.Lock()
 			want := s.mu.recGen
 			s.mu.Unlock()
-			err = s.commitLocked(want, s.writeGen.Load(), true)
+			err = s.commitLockedCommit(want, s.writeGen.Load(), true)
 		}
 		if err == nil {
 			sb := s.sb
@@ -555,9 +456,9 @@ func (s *Store) fail(err error) error {
 	return failed
 }
 
-// usable returns the reason the store cannot take writes, if any. Caller
-// holds s.mu.
-func (s *Store) usableLocked() error {
+// usableLockedMu returns the reason the store cannot take writes, if any.
+// Caller holds s.mu.
+func (s *Store) usableLockedMu() error {
 	switch {
 	case s.mu.closed:
 		return ErrClosed
@@ -569,16 +470,23 @@ func (s *Store) usableLocked() error {
 	return nil
 }
 
-// appendLocked queues journal records. Caller holds s.cut (shared) and
+// writable returns why the store cannot take writes, if it cannot.
+func (s *Store) writable() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.usableLockedMu()
+}
+
+// appendLockedMu queues journal records. Caller holds s.cut (shared) and
 // s.mu, and the disk's mu when the record is about a disk.
-func (s *Store) appendLocked(recs ...record) {
+func (s *Store) appendLockedMu(recs ...record) {
 	s.mu.pend.add(recs)
 	s.mu.recGen += uint64(len(recs))
 }
 
-// quarantineLocked holds blocks freed by the records appended last until
+// quarantineLockedMu holds blocks freed by the records appended last until
 // those are durable (docs/DESIGN.md, crash rule 3). Caller holds s.mu.
-func (s *Store) quarantineLocked(freed []blockmap.Extent) {
+func (s *Store) quarantineLockedMu(freed []blockmap.Extent) {
 	q := make([]pext, len(freed))
 	for i, f := range freed {
 		q[i] = pext{Start: f.Phys, Len: f.Len}
@@ -588,272 +496,6 @@ func (s *Store) quarantineLocked(freed []blockmap.Extent) {
 
 // BlockSize returns the store's allocation unit in bytes.
 func (s *Store) BlockSize() int { return int(s.bs) }
-
-// DiskInfo describes a disk.
-type DiskInfo struct {
-	ID        uint64
-	Name      string
-	Size      int64
-	Mode      uint32
-	UID, GID  uint32
-	Atime     time.Time
-	Mtime     time.Time
-	Ctime     time.Time
-	Allocated int64 // bytes of blocks mapped
-	Extents   int
-}
-
-// Attr are the attributes given to a new disk. Zero times mean "now".
-type Attr struct {
-	Mode     uint32
-	UID, GID uint32
-	Atime    time.Time
-	Mtime    time.Time
-}
-
-// Create makes a new empty disk of size bytes.
-func (s *Store) Create(name string, size int64, a Attr) (DiskInfo, error) {
-	if err := ValidateName(name); err != nil {
-		return DiskInfo{}, fmt.Errorf("create disk: %w", err)
-	}
-	if size < 0 || size > MaxDiskSize {
-		return DiskInfo{}, fmt.Errorf("create disk %q: size %d: %w", name, size, ErrTooLarge)
-	}
-	now := time.Now().UnixNano()
-	attr := diskAttr{Size: size, Mode: a.Mode, UID: a.UID, GID: a.GID, Atime: nanos(a.Atime, now), Mtime: nanos(a.Mtime, now), Ctime: now}
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLocked(); err != nil {
-		return DiskInfo{}, fmt.Errorf("create disk %q: %w", name, err)
-	}
-	if _, ok := s.mu.names[name]; ok {
-		return DiskInfo{}, fmt.Errorf("create disk %q: %w", name, ErrExist)
-	}
-	id := s.mu.nextID
-	s.mu.nextID++
-	d := s.newDisk(id, name, attr)
-	s.mu.disks[id] = d
-	s.mu.names[name] = d
-	s.appendLocked(record{Type: recCreate, ID: id, Attr: attr, Name: name})
-	return d.infoUnlocked(), nil
-}
-
-func nanos(t time.Time, def int64) int64 {
-	if t.IsZero() {
-		return def
-	}
-	return t.UnixNano()
-}
-
-func (s *Store) newDisk(id uint64, name string, attr diskAttr) *disk {
-	d := &disk{s: s, id: id, name: name, attr: attr, m: blockmap.New(), ranges: newRangeLock()}
-	d.mtime.Store(attr.Mtime)
-	d.atime.Store(attr.Atime)
-	return d
-}
-
-// Remove deletes a disk by name. If handles are open on it, the name goes
-// now and the blocks when the last handle closes (like unlink of an open
-// file); otherwise both go now. Freed blocks are reused only after the
-// removal is committed.
-func (s *Store) Remove(name string) error {
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d, unlock, err := s.lockNamed(name)
-	if err != nil {
-		return fmt.Errorf("remove disk %q: %w", name, err)
-	}
-	defer unlock()
-	if d.opens > 0 {
-		d.orphan = true
-		delete(s.mu.names, name)
-		s.appendLocked(record{Type: recUnlink, ID: d.id})
-		return nil
-	}
-	s.deleteDiskLocked(d)
-	return nil
-}
-
-// lockNamed finds the disk called name and locks it and the store, in the
-// lock order (d.mu, then s.mu), checking once both are held that the disk
-// still has that name (a rename in between makes it look again). It fails
-// when there is no such disk or the store takes no changes. Caller holds
-// s.cut shared, and calls unlock when done.
-func (s *Store) lockNamed(name string) (d *disk, unlock func(), err error) {
-	for {
-		s.mu.Lock()
-		d, ok := s.mu.names[name]
-		s.mu.Unlock()
-		if !ok {
-			return nil, nil, ErrNotExist
-		}
-		d.mu.Lock()
-		s.mu.Lock()
-		if s.mu.names[name] == d {
-			if err := s.usableLocked(); err != nil {
-				s.mu.Unlock()
-				d.mu.Unlock()
-				return nil, nil, err
-			}
-			return d, func() { s.mu.Unlock(); d.mu.Unlock() }, nil
-		}
-		s.mu.Unlock()
-		d.mu.Unlock()
-	}
-}
-
-// deleteDiskLocked frees every block of d and forgets it. with are more
-// records of the same mutation, journalled after the delete in one unit (a
-// rename over d). Caller holds s.cut shared, d.mu and s.mu; d has no open
-// handles.
-func (s *Store) deleteDiskLocked(d *disk, with ...record) {
-	s.mu.extents -= d.m.Len()
-	freed := d.m.Punch(0, ^uint64(0), nil)
-	d.deleted = true
-	if s.mu.names[d.name] == d {
-		delete(s.mu.names, d.name)
-	}
-	delete(s.mu.disks, d.id)
-	s.appendLocked(append([]record{{Type: recDelete, ID: d.id}}, with...)...)
-	s.quarantineLocked(freed)
-}
-
-// deleteOrphans deletes disks that were unlinked while open when the store
-// last went down.
-func (s *Store) deleteOrphans() {
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	s.mu.Lock()
-	var orphans []*disk
-	for _, d := range s.mu.disks {
-		if d.orphan {
-			orphans = append(orphans, d)
-		}
-	}
-	s.mu.Unlock()
-	for _, d := range orphans {
-		s.log.WithField("disk_id", d.id).Info("deleting disk unlinked while open")
-		d.mu.Lock()
-		s.mu.Lock()
-		s.deleteDiskLocked(d)
-		s.mu.Unlock()
-		d.mu.Unlock()
-	}
-}
-
-// Rename renames a disk; a disk already called newName is removed (like
-// rename(2)), in the same mutation: its removal and the rename are
-// journalled in one unit, so no crash, commit or checkpoint shows one
-// without the other, and nothing is removed when oldName does not exist.
-func (s *Store) Rename(oldName, newName string) error {
-	if err := ValidateName(newName); err != nil {
-		return fmt.Errorf("rename %q: %w", oldName, err)
-	}
-	if oldName == newName {
-		if _, err := s.Stat(oldName); err != nil {
-			return fmt.Errorf("rename: %w", err)
-		}
-		return nil
-	}
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d, target, unlock, err := s.lockRename(oldName, newName)
-	if err != nil {
-		return fmt.Errorf("rename %q: %w", oldName, err)
-	}
-	defer unlock()
-	if target != nil {
-		delete(s.mu.names, newName)
-	}
-	delete(s.mu.names, oldName)
-	s.mu.names[newName] = d
-	d.name = newName
-	d.attr.Ctime = time.Now().UnixNano()
-	rename := record{Type: recRename, ID: d.id, Name: newName}
-	switch {
-	case target == nil:
-		s.appendLocked(rename)
-	case target.opens > 0:
-		// Open handles keep the replaced disk until the last closes, as
-		// Remove does.
-		target.orphan = true
-		s.appendLocked(record{Type: recUnlink, ID: target.id}, rename)
-	default:
-		s.deleteDiskLocked(target, rename)
-	}
-	return nil
-}
-
-// lockRename finds the disk called oldName and the one called newName
-// (target, nil when there is none) and locks them, the lower id first,
-// then the store, checking once all are held that the names still name
-// them (else it looks again). It fails when there is no disk called
-// oldName or the store takes no changes. Caller holds s.cut shared, and
-// calls unlock when done.
-func (s *Store) lockRename(oldName, newName string) (d, target *disk, unlock func(), err error) {
-	for {
-		s.mu.Lock()
-		d, ok := s.mu.names[oldName]
-		target := s.mu.names[newName]
-		s.mu.Unlock()
-		if !ok {
-			return nil, nil, nil, ErrNotExist
-		}
-		first, second := d, target
-		if target != nil && target.id < d.id {
-			first, second = target, d
-		}
-		first.mu.Lock()
-		if second != nil {
-			second.mu.Lock()
-		}
-		unlock := func() {
-			s.mu.Unlock()
-			if second != nil {
-				second.mu.Unlock()
-			}
-			first.mu.Unlock()
-		}
-		s.mu.Lock()
-		if s.mu.names[oldName] == d && s.mu.names[newName] == target {
-			if err := s.usableLocked(); err != nil {
-				unlock()
-				return nil, nil, nil, err
-			}
-			return d, target, unlock, nil
-		}
-		unlock()
-	}
-}
-
-// List returns every named disk, sorted by name.
-func (s *Store) List() []DiskInfo {
-	s.mu.Lock()
-	ds := make([]*disk, 0, len(s.mu.names))
-	for _, d := range s.mu.names {
-		ds = append(ds, d)
-	}
-	s.mu.Unlock()
-	out := make([]DiskInfo, 0, len(ds))
-	for _, d := range ds {
-		out = append(out, d.info())
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-// Stat describes the disk called name.
-func (s *Store) Stat(name string) (DiskInfo, error) {
-	s.mu.Lock()
-	d, ok := s.mu.names[name]
-	s.mu.Unlock()
-	if !ok {
-		return DiskInfo{}, fmt.Errorf("disk %q: %w", name, ErrNotExist)
-	}
-	return d.info(), nil
-}
 
 // Info describes the store as a whole.
 type Info struct {

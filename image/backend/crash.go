@@ -208,7 +208,7 @@ func (c *Crash) WriteAt(p []byte, off int64) (int, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recordLocked(logEntry{off: off, n: n, data: bytes.Clone(p)})
+	c.recordLockedMu(logEntry{off: off, n: n, data: bytes.Clone(p)})
 	c.mu.stats.Writes++
 	c.mu.stats.BytesWritten += n
 	return len(p), nil
@@ -223,7 +223,7 @@ func (c *Crash) WriteAtDurable(p []byte, off int64) (int, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recordLocked(logEntry{off: off, n: n, data: bytes.Clone(p), fua: true})
+	c.recordLockedMu(logEntry{off: off, n: n, data: bytes.Clone(p), fua: true})
 	c.mu.stats.Writes++
 	c.mu.stats.BytesWritten += n
 	return len(p), nil
@@ -236,7 +236,7 @@ func (c *Crash) Flush() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recordLocked(logEntry{flush: true})
+	c.recordLockedMu(logEntry{flush: true})
 	c.mu.stats.Flushes++
 	return nil
 }
@@ -248,7 +248,7 @@ func (c *Crash) Discard(off, n int64) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recordLocked(logEntry{off: off, n: n})
+	c.recordLockedMu(logEntry{off: off, n: n})
 	c.mu.stats.Discards++
 	return nil
 }
@@ -260,7 +260,7 @@ func (c *Crash) WriteZeroes(off, n int64) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recordLocked(logEntry{off: off, n: n})
+	c.recordLockedMu(logEntry{off: off, n: n})
 	c.mu.stats.WriteZeroes++
 	return nil
 }
@@ -331,7 +331,7 @@ func (c *Crash) FlushOps() []int {
 func (c *Crash) StateAt(op int, rng *rand.Rand, mode CrashMode) []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.stateLocked(op, rng, mode).bytes()
+	return c.stateLockedMu(op, rng, mode).bytes()
 }
 
 // StateAtInto is StateAt writing into dst, which must be Size() bytes long.
@@ -341,7 +341,7 @@ func (c *Crash) StateAtInto(dst []byte, op int, rng *rand.Rand, mode CrashMode) 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.stateLocked(op, rng, mode).readAt(dst, 0)
+	c.stateLockedMu(op, rng, mode).readAt(dst, 0)
 }
 
 // MemAt returns a Mem holding the state StateAt would return, to open a
@@ -351,7 +351,7 @@ func (c *Crash) StateAtInto(dst []byte, op int, rng *rand.Rand, mode CrashMode) 
 func (c *Crash) MemAt(op int, rng *rand.Rand, mode CrashMode) *Mem {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return newMem(c.stateLocked(op, rng, mode), c.mu.sectorSize, c.mu.checkAlignment)
+	return newMem(c.stateLockedMu(op, rng, mode), c.mu.sectorSize, c.mu.checkAlignment)
 }
 
 // CrashAt returns a new Crash whose initial, durable contents are the state
@@ -360,12 +360,12 @@ func (c *Crash) MemAt(op int, rng *rand.Rand, mode CrashMode) *Mem {
 func (c *Crash) CrashAt(op int, rng *rand.Rand, mode CrashMode) *Crash {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return newCrash(c.stateLocked(op, rng, mode), c.mu.sectorSize, c.mu.checkAlignment)
+	return newCrash(c.stateLockedMu(op, rng, mode), c.mu.sectorSize, c.mu.checkAlignment)
 }
 
-// stateLocked builds, as a new image, the state after a power cut right after
-// op (see StateAt).
-func (c *Crash) stateLocked(op int, rng *rand.Rand, mode CrashMode) *pageImage {
+// stateLockedMu builds, as a new image, the state after a power cut right
+// after op (see StateAt). Caller holds c.mu.
+func (c *Crash) stateLockedMu(op int, rng *rand.Rand, mode CrashMode) *pageImage {
 	if op < 0 || op > len(c.mu.log) {
 		panic(fmt.Sprintf("backend: Crash.StateAt(%d): op index outside [0, %d]", op, len(c.mu.log)))
 	}
@@ -402,7 +402,7 @@ func (c *Crash) stateLocked(op int, rng *rand.Rand, mode CrashMode) *pageImage {
 // the error to fail the operation with.
 func (c *Crash) begin(kind OpKind, off, n int64, p []byte) error {
 	c.mu.Lock()
-	if err := c.checkLocked(kind, off, n, p); err != nil {
+	if err := c.checkLockedMu(kind, off, n, p); err != nil {
 		c.mu.Unlock()
 		return err
 	}
@@ -417,7 +417,9 @@ func (c *Crash) begin(kind OpKind, off, n int64, p []byte) error {
 	return nil
 }
 
-func (c *Crash) checkLocked(kind OpKind, off, n int64, p []byte) error {
+// checkLockedMu checks that c is open and the I/O in range and, if asked,
+// aligned. Caller holds c.mu.
+func (c *Crash) checkLockedMu(kind OpKind, off, n int64, p []byte) error {
 	if c.mu.closed {
 		return ErrClosed
 	}
@@ -433,9 +435,9 @@ func (c *Crash) checkLocked(kind OpKind, off, n int64, p []byte) error {
 	return nil
 }
 
-// recordLocked applies e to the live image and appends it to the log; a
-// flush also moves the durable history forward.
-func (c *Crash) recordLocked(e logEntry) {
+// recordLockedMu applies e to the live image and appends it to the log; a
+// flush also moves the durable history forward. Caller holds c.mu.
+func (c *Crash) recordLockedMu(e logEntry) {
 	e.apply(c.mu.live)
 	c.mu.log = append(c.mu.log, e)
 	if e.flush {

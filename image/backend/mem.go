@@ -80,7 +80,7 @@ func (m *Mem) Describe() string { return fmt.Sprintf("memory (%d bytes)", m.size
 func (m *Mem) ReadAt(p []byte, off int64) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.checkLocked(off, int64(len(p)), p); err != nil {
+	if err := m.checkLockedMu(off, int64(len(p)), p); err != nil {
 		return 0, m.opError("read", off, int64(len(p)), err)
 	}
 	m.mu.image.readAt(p, off)
@@ -93,7 +93,7 @@ func (m *Mem) ReadAt(p []byte, off int64) (int, error) {
 func (m *Mem) WriteAt(p []byte, off int64) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.checkLocked(off, int64(len(p)), p); err != nil {
+	if err := m.checkLockedMu(off, int64(len(p)), p); err != nil {
 		return 0, m.opError("write", off, int64(len(p)), err)
 	}
 	m.mu.image.writeAt(p, off)
@@ -120,7 +120,7 @@ func (m *Mem) Flush() error {
 func (m *Mem) Discard(off, n int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.checkLocked(off, n, nil); err != nil {
+	if err := m.checkLockedMu(off, n, nil); err != nil {
 		return m.opError("discard", off, n, err)
 	}
 	m.mu.image.zero(off, n)
@@ -132,7 +132,7 @@ func (m *Mem) Discard(off, n int64) error {
 func (m *Mem) WriteZeroes(off, n int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.checkLocked(off, n, nil); err != nil {
+	if err := m.checkLockedMu(off, n, nil); err != nil {
 		return m.opError("write zeroes", off, n, err)
 	}
 	m.mu.image.zero(off, n)
@@ -170,9 +170,9 @@ func (m *Mem) Stats() Stats {
 	return m.mu.stats
 }
 
-// checkLocked checks that m is open and the I/O in range and, if asked,
-// aligned. m.mu must be held.
-func (m *Mem) checkLocked(off, n int64, p []byte) error {
+// checkLockedMu checks that m is open and the I/O in range and, if asked,
+// aligned. Caller holds m.mu.
+func (m *Mem) checkLockedMu(off, n int64, p []byte) error {
 	if m.mu.closed {
 		return ErrClosed
 	}

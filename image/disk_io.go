@@ -1,0 +1,394 @@
+package image
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/coalesce"
+)
+
+// ReadAt reads len(p) bytes at off. Like a file, it returns io.EOF when the
+// read reaches the end of the disk. Holes read as zeros without I/O.
+func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
+	if err := h.live(); err != nil {
+		return 0, err
+	}
+	if err := checkRange(off, int64(len(p))); err != nil {
+		return 0, fmt.Errorf("disk %d read: %w", h.d.id, err)
+	}
+	d, s := h.d, h.d.s
+	d.mu.RLock()
+	size := d.attr.Size
+	d.mu.RUnlock()
+	if off >= size {
+		return 0, io.EOF
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n := min(int64(len(p)), size-off)
+	bs := s.bs
+	first, count := coalesce.BlockRange(uint64(off), uint64(n), bs)
+	lr := d.ranges.lock(first, count, false)
+	defer lr.unlock()
+	sc := getScratch()
+	defer putScratch(sc)
+	c := s.stats.shard(sc)
+	d.mu.RLock()
+	sc.segs = d.m.Lookup(sc.segs, first, count)
+	d.mu.RUnlock()
+	countLookup(c, sc.segs)
+
+	buf := p[:n]
+	aligned := uint64(off)%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
+	if !aligned {
+		buf = s.pool.Get(int(count * bs))
+		defer s.pool.Put(buf)
+	}
+	if err := s.readRuns(c, sc, buf, first); err != nil {
+		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", d.id, n, off, err)
+	}
+	if !aligned {
+		copy(p, buf[uint64(off)-first*bs:])
+	}
+	d.countRequest(sc, false, uint64(n))
+	if n < int64(len(p)) {
+		return int(n), io.EOF
+	}
+	return int(n), nil
+}
+
+// readRuns fills buf (covering virtual blocks from first on, per the
+// segments in sc.segs) from the backend, zeroing the holes. It counts
+// into c.
+func (s *Store) readRuns(c *Shard, sc *scratch, buf []byte, first uint64) error {
+	bs := s.bs
+	zeroHoles(buf, sc.segs, first, bs)
+	sc.runs = coalesce.Runs(sc.runs[:0], sc.segs, first, bs, maxRunBytes/bs)
+	countCoalesce(c, sc.segs, sc.runs)
+	for _, r := range sc.runs {
+		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(len(buf)))]
+		if err := s.readData(c, b, r.Phys); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteAt writes p at off, growing the disk if the write ends past its size.
+// Blocks never written before are allocated (physically right after the
+// disk's previous extent when free) and their unwritten bytes are zeros;
+// mapped blocks are overwritten in place. On error nothing of the write is
+// mapped; bytes of already-mapped blocks may have changed, as on a disk.
+func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
+	n, _, err := h.write(p, off, false)
+	return n, err
+}
+
+// WriteAtSync is WriteAt for a synchronous write: it returns once the write
+// is durable together with what is needed to read it back, its mapping and
+// the disk's size (O_DSYNC, RWF_DSYNC), and with all the times too (O_SYNC).
+//
+// An O_DSYNC overwrite in place of blocks whose mappings are all durable
+// (no journal record of the store is pending) goes to the backing as
+// durable writes (Backend.WriteAtDurable, a FUA write) and needs no
+// commit, so concurrent ones do not wait for each other or for a flush.
+// Any other synchronous write (into a hole, growing the disk, while
+// records are pending, O_SYNC) is written as WriteAt writes and then
+// committed (CommitData, or Commit with all), sharing that commit with
+// concurrent committers. Either way, like a disk's FUA write, it makes
+// no promise for other writes that are not yet durable.
+func (h *Disk) WriteAtSync(p []byte, off int64, all bool) (int, error) {
+	n, durable, err := h.write(p, off, !all)
+	if err != nil || durable || n == 0 {
+		return n, err
+	}
+	commit := h.d.s.CommitData
+	if all {
+		commit = h.d.s.Commit
+	}
+	if err := commit(); err != nil {
+		return 0, fmt.Errorf("disk %d synchronous write of %d bytes at %d: %w", h.d.id, len(p), off, err)
+	}
+	return n, nil
+}
+
+// write is WriteAt; with mayFUA an overwrite in place of blocks whose
+// mappings are durable uses durable writes, and durable says it did.
+func (h *Disk) write(p []byte, off int64, mayFUA bool) (n int, durable bool, err error) {
+	if err := h.live(); err != nil {
+		return 0, false, err
+	}
+	if err := checkRange(off, int64(len(p))); err != nil {
+		return 0, false, fmt.Errorf("disk %d write: %w", h.d.id, err)
+	}
+	if len(p) == 0 {
+		return 0, false, nil
+	}
+	d := h.d
+	first, count := coalesce.BlockRange(uint64(off), uint64(len(p)), d.s.bs)
+	lr := d.ranges.lock(first, count, true)
+	defer lr.unlock()
+	sc := getScratch()
+	defer putScratch(sc)
+	if durable, err = d.writeLockedRange(sc, p, off, mayFUA); err != nil {
+		return 0, false, err
+	}
+	d.countRequest(sc, true, uint64(len(p)))
+	return len(p), durable, nil
+}
+
+// countRequest counts one read or write request of n bytes, served, into
+// the store's and the disk's counter shards of sc.
+func (d *disk) countRequest(sc *scratch, write bool, n uint64) {
+	c, dc := d.s.stats.shard(sc), d.counters.shard(sc)
+	if write {
+		c.WriteRequestSize.Observe(n)
+		dc.writes.Add(1)
+		dc.writeBytes.Add(n)
+	} else {
+		c.ReadRequestSize.Observe(n)
+		dc.reads.Add(1)
+		dc.readBytes.Add(n)
+	}
+}
+
+// zeroHoles clears the parts of buf (covering virtual blocks from first on)
+// that segs say are holes.
+func zeroHoles(buf []byte, segs []blockmap.Segment, first, bs uint64) {
+	for _, sg := range segs {
+		if sg.Hole {
+			lo := (sg.Virt - first) * bs
+			clear(buf[lo:min(lo+sg.Len*bs, uint64(len(buf)))])
+		}
+	}
+}
+
+// writeLockedRange is write with the range lock already held: caller holds
+// an exclusive range lock over the write's blocks, and gives a scratch of
+// its own (empty).
+func (d *disk) writeLockedRange(sc *scratch, p []byte, off int64, mayFUA bool) (durable bool, err error) {
+	s := d.s
+	if err := s.writable(); err != nil {
+		return false, fmt.Errorf("disk %d write: %w", d.id, err)
+	}
+	bs := s.bs
+	uoff, n := uint64(off), uint64(len(p))
+	first, count := coalesce.BlockRange(uoff, n, bs)
+	c := s.stats.shard(sc)
+
+	d.mu.RLock()
+	sc.segs = d.m.Lookup(sc.segs, first, count)
+	prev, hasPrev := d.m.Before(first)
+	d.mu.RUnlock()
+	countLookup(c, sc.segs)
+
+	// The buffer covering whole blocks [first, first+count): the caller's
+	// own when the write is block-aligned in offset, length and memory;
+	// else a pooled one in which every block the write covers only in
+	// part (a partial span of Split, at most two) is first read, or
+	// zeroed for a hole, and then the write copied over.
+	buf := p
+	if uoff%bs != 0 || n%bs != 0 || !coalesce.IsAligned(p) {
+		buf = s.pool.Get(int(count * bs))
+		defer s.pool.Put(buf)
+		spans := coalesce.Split(uoff, n, bs)
+		for _, sp := range spans.All() {
+			if !sp.Partial {
+				continue
+			}
+			lo := (sp.Block - first) * bs
+			if err := s.fillBlock(c, buf[lo:lo+bs], sc.segs, sp.Block); err != nil {
+				return false, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
+			}
+		}
+		copy(buf[uoff-first*bs:], p)
+	}
+
+	if err := s.allocHoles(sc, prev, hasPrev, true); err != nil {
+		return false, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
+	}
+	// A synchronous overwrite in place needs nothing journalled when the
+	// mappings it writes through are durable: then the data only has to
+	// be, and durable writes make it so (WriteAtSync). The range lock
+	// keeps this range's mappings as they are, and every record that made
+	// them was appended before the lookup.
+	durable = mayFUA && len(sc.allocs) == 0 && !d.grows(off+int64(n)) && s.recordsDurable()
+
+	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
+	countCoalesce(c, sc.out, sc.runs)
+	for _, r := range sc.runs {
+		if err := s.writeData(c, buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys, durable); err != nil {
+			s.unallocate(sc.allocs)
+			return false, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
+		}
+	}
+	s.writeGen.Add(1)
+	d.touch()
+
+	d.publishWriteLockedRange(sc, off+int64(n))
+	return durable, nil
+}
+
+// allocHoles fills sc.out with sc.segs (a lookup), every hole given new
+// blocks (recorded in sc.allocs, in flight until published or returned
+// with unallocate), each aimed right after the physical end of what
+// precedes it so that sequential writes stay one extent; prev is the
+// extent before the lookup's first block. With mayCommit false it never
+// waits for a commit to release quarantined blocks (allocData). On error
+// it has returned what it allocated.
+func (s *Store) allocHoles(sc *scratch, prev blockmap.Extent, hasPrev, mayCommit bool) error {
+	var lastVirt, lastPhys uint64
+	hasLast := false
+	if hasPrev {
+		lastVirt, lastPhys, hasLast = prev.End(), prev.PhysEnd(), true
+	}
+	for _, sg := range sc.segs {
+		if !sg.Hole {
+			sc.out = append(sc.out, sg)
+			lastVirt, lastPhys, hasLast = sg.Virt+sg.Len, sg.Phys+sg.Len, true
+			continue
+		}
+		goal := uint64(0)
+		if hasLast {
+			goal = lastPhys + (sg.Virt - lastVirt)
+		}
+		start := len(sc.allocs)
+		var err error
+		sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasLast, mayCommit)
+		if err != nil {
+			s.unallocate(sc.allocs)
+			sc.allocs = sc.allocs[:0]
+			return err
+		}
+		v := sg.Virt
+		for _, e := range sc.allocs[start:] {
+			sc.out = append(sc.out, blockmap.Segment{Virt: v, Len: e.Len, Phys: e.Start})
+			v += e.Len
+		}
+		last := sc.allocs[len(sc.allocs)-1]
+		lastVirt, lastPhys, hasLast = v, last.end(), true
+	}
+	return nil
+}
+
+// grows reports whether a write ending at end grows the disk.
+func (d *disk) grows(end int64) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return end > d.attr.Size
+}
+
+// recordsDurable reports whether every journal record appended so far is
+// durable: then every mapping in memory is on the backing too.
+func (s *Store) recordsDurable() bool {
+	s.mu.Lock()
+	appended := s.mu.recGen
+	s.mu.Unlock()
+	return s.durableRec.Load() >= appended
+}
+
+// publishWriteLockedRange ends a write whose data is on the backing: it maps
+// the blocks allocHoles gave it and grows the disk to end, with their
+// records. Caller holds the write's range lock.
+func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
+	s := d.s
+	if len(sc.allocs) == 0 && !d.grows(end) {
+		return
+	}
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	before := d.m.Len()
+	var recs []record
+	for _, sg := range sc.out {
+		if isAllocated(sg, sc.allocs) {
+			sc.freed = d.m.Insert(blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}, sc.freed[:0])
+			if len(sc.freed) != 0 {
+				panic(fmt.Sprintf("image: disk %d: write mapped over %v while holding its range lock", d.id, sc.freed))
+			}
+			recs = append(recs, record{Type: recMap, ID: d.id, Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len})
+		}
+	}
+	if end > d.attr.Size {
+		d.attr.Size = end
+		recs = append(recs, record{Type: recSize, ID: d.id, Attr: diskAttr{Size: end}})
+	}
+	s.mu.Lock()
+	s.mu.extents += d.m.Len() - before
+	for _, e := range sc.allocs {
+		delete(s.mu.inflight, e.Start)
+	}
+	s.appendLockedMu(recs...)
+	s.mu.Unlock()
+}
+
+// isAllocated reports whether segment sg was carved from allocs.
+func isAllocated(sg blockmap.Segment, allocs []pext) bool {
+	for _, a := range allocs {
+		if sg.Phys == a.Start && sg.Len == a.Len {
+			return true
+		}
+	}
+	return false
+}
+
+// fillBlock fills dst (one block) with the current content of virtual block
+// v: zeros for a hole, else the block read from the backend.
+func (s *Store) fillBlock(c *Shard, dst []byte, segs []blockmap.Segment, v uint64) error {
+	for _, sg := range segs {
+		if v < sg.Virt || v >= sg.Virt+sg.Len {
+			continue
+		}
+		if sg.Hole {
+			clear(dst)
+			return nil
+		}
+		return s.readData(c, dst, sg.Phys+v-sg.Virt)
+	}
+	panic(fmt.Sprintf("image: block %d not in lookup segments", v))
+}
+
+func countLookup(c *Shard, segs []blockmap.Segment) {
+	c.Lookups.Add(1)
+	c.LookupSegments.Add(uint64(len(segs)))
+}
+
+func countCoalesce(c *Shard, segs []blockmap.Segment, runs []coalesce.Run) {
+	pieces := 0
+	for _, sg := range segs {
+		if !sg.Hole {
+			pieces++
+		}
+	}
+	c.CoalescePieces.Add(uint64(pieces))
+	c.CoalesceRuns.Add(uint64(len(runs)))
+}
+
+// Sync makes every write acknowledged before it durable, data and mapping
+// alike (fsync). After a failed flush it keeps failing (ErrFailed).
+func (h *Disk) Sync() error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	if err := h.d.s.Commit(); err != nil {
+		return fmt.Errorf("disk %d sync: %w", h.d.id, err)
+	}
+	return nil
+}
+
+// SyncData makes every write acknowledged before it durable with the
+// metadata needed to read it back, but not the access and modification
+// times (fdatasync, O_DSYNC): after overwrites in place it is one flush of
+// the backing. After a failed flush it keeps failing (ErrFailed).
+func (h *Disk) SyncData() error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	if err := h.d.s.CommitData(); err != nil {
+		return fmt.Errorf("disk %d sync data: %w", h.d.id, err)
+	}
+	return nil
+}

@@ -1,0 +1,349 @@
+package image
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/coalesce"
+)
+
+// rmwBlockLockedRange rewrites the mapped virtual block v with fn applied to
+// its content; a hole is left alone. Caller holds an exclusive range lock on
+// v.
+func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
+	s := d.s
+	d.mu.RLock()
+	segs := d.m.Lookup(nil, v, 1)
+	d.mu.RUnlock()
+	if segs[0].Hole {
+		return nil
+	}
+	buf := s.pool.Get(int(s.bs))
+	defer s.pool.Put(buf)
+	sc := getScratch()
+	defer putScratch(sc)
+	c := s.stats.shard(sc)
+	if err := s.readData(c, buf, segs[0].Phys); err != nil {
+		return err
+	}
+	fn(buf)
+	if err := s.writeData(c, buf, segs[0].Phys, false); err != nil {
+		return err
+	}
+	s.writeGen.Add(1)
+	// The caller's size or punch record relies on this write: the commit
+	// that makes the record durable must flush it first.
+	s.mu.Lock()
+	s.mu.pend.dataFirst()
+	s.mu.Unlock()
+	return nil
+}
+
+// zeroSpanLockedRange zeroes the bytes of a partial span (coalesce.Split) in
+// place: [sp.Off, sp.Off+sp.Len) of block sp.Block. Caller holds an
+// exclusive range lock on sp.Block.
+func (d *disk) zeroSpanLockedRange(sp coalesce.Span) error {
+	return d.rmwBlockLockedRange(sp.Block, func(b []byte) { clear(b[sp.Off : sp.Off+sp.Len]) })
+}
+
+// Punch makes [off, off+n) read as zeros and frees the whole blocks in it.
+// The size does not change; the range is clipped to the size.
+func (h *Disk) Punch(off, n int64) error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	return h.d.punch(off, n, true)
+}
+
+// ZeroRange makes [off, off+n) read as zeros, freeing whole blocks. Unless
+// keepSize, a range ending past the size grows the disk.
+func (h *Disk) ZeroRange(off, n int64, keepSize bool) error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	return h.d.punch(off, n, keepSize)
+}
+
+func (d *disk) punch(off, n int64, keepSize bool) error {
+	s := d.s
+	if err := checkRange(off, n); err != nil {
+		return fmt.Errorf("disk %d punch: %w", d.id, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := s.writable(); err != nil {
+		return fmt.Errorf("disk %d punch: %w", d.id, err)
+	}
+	first, count := coalesce.BlockRange(uint64(off), uint64(n), s.bs)
+	lr := d.ranges.lock(first, count, true)
+	defer lr.unlock()
+	d.mu.RLock()
+	size := d.attr.Size
+	d.mu.RUnlock()
+
+	end := min(off+n, size)
+	if off < end {
+		// Partial spans of [off, end) are zeroed in place and whole blocks
+		// freed, in one unmap. A partial span that starts on a block
+		// boundary (Off 0: the tail) and ends at the size counts as whole:
+		// the bytes past the size are zeros already. The blocks to free
+		// are therefore one run: the whole span and such a tail after it.
+		var freeFirst, freeEnd uint64
+		spans := coalesce.Split(uint64(off), uint64(end-off), s.bs)
+		for _, sp := range spans.All() {
+			if sp.Partial && (sp.Off != 0 || end != size) {
+				if err := d.zeroSpanLockedRange(sp); err != nil {
+					return fmt.Errorf("disk %d punch at %d: %w", d.id, off, err)
+				}
+				continue
+			}
+			if freeFirst == freeEnd {
+				freeFirst = sp.Block
+			}
+			freeEnd = sp.Block + sp.Blocks
+		}
+		if freeFirst < freeEnd {
+			d.unmapLockedRange(freeFirst, freeEnd-freeFirst)
+		}
+	}
+	if !keepSize && off+n > size {
+		d.growSizeLockedRange(off + n)
+	}
+	d.touch()
+	return nil
+}
+
+// unmapLockedRange frees virtual blocks [v, v+n) and journals it. Caller
+// holds an exclusive range lock over them.
+func (d *disk) unmapLockedRange(v, n uint64) {
+	s := d.s
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	before := d.m.Len()
+	freed := d.m.Punch(v, n, nil)
+	if len(freed) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.extents += d.m.Len() - before
+	s.appendLockedMu(record{Type: recPunch, ID: d.id, Virt: v, Len: n})
+	s.quarantineLockedMu(freed)
+}
+
+// setSizeLockedRange sets the size and journals it; a shrink unmaps every
+// block past the new size. Caller holds an exclusive range lock from the new
+// size on.
+func (d *disk) setSizeLockedRange(size int64) {
+	s := d.s
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	before := d.m.Len()
+	keep := coalesce.RoundUp(uint64(size), s.bs) / s.bs
+	freed := d.m.Punch(keep, ^uint64(0)-keep, nil)
+	d.attr.Size = size
+	d.attr.Ctime = time.Now().UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.extents += d.m.Len() - before
+	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
+	s.quarantineLockedMu(freed)
+}
+
+// growSizeLockedRange raises the size to size and journals it; it never
+// lowers it. A grower (Allocate, ZeroRange) reads the size when it starts
+// and holds only its own range, so a write past that range may have grown
+// the disk further meanwhile: that size, and the write's blocks, stay.
+// Caller holds an exclusive range lock over its own range.
+func (d *disk) growSizeLockedRange(size int64) {
+	s := d.s
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if size <= d.attr.Size {
+		return
+	}
+	d.attr.Size = size
+	d.attr.Ctime = time.Now().UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
+}
+
+// Truncate sets the disk's size. Shrinking frees every block past the new
+// size and zeroes the rest of the last partial block, so growing again
+// reads zeros there.
+func (h *Disk) Truncate(size int64) error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	d, s := h.d, h.d.s
+	if size < 0 || size > MaxDiskSize {
+		return fmt.Errorf("disk %d truncate to %d: %w", d.id, size, ErrTooLarge)
+	}
+	if err := s.writable(); err != nil {
+		return fmt.Errorf("disk %d truncate: %w", d.id, err)
+	}
+	bs := int64(s.bs)
+	first := uint64(size / bs)
+	lr := d.ranges.lock(first, ^uint64(0)-first, true)
+	defer lr.unlock()
+	d.mu.RLock()
+	old := d.attr.Size
+	d.mu.RUnlock()
+	if size == old {
+		return nil
+	}
+	if size < old {
+		// The head of the range cut off, when it starts inside a block, is
+		// the rest of the block the disk now ends in: zero it in place.
+		cut := coalesce.Split(uint64(size), uint64(old-size), s.bs)
+		if head := cut.S[0]; head.Off != 0 {
+			if err := d.zeroSpanLockedRange(head); err != nil {
+				return fmt.Errorf("disk %d truncate to %d: %w", d.id, size, err)
+			}
+		}
+	}
+	d.setSizeLockedRange(size)
+	d.touch()
+	return nil
+}
+
+// Allocate makes sure [off, off+n) has blocks (fallocate mode 0): holes get
+// new zeroed blocks. Unless keepSize the disk grows to cover the range; with
+// keepSize nothing is allocated past the size.
+func (h *Disk) Allocate(off, n int64, keepSize bool) error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	d, s := h.d, h.d.s
+	if err := checkRange(off, n); err != nil {
+		return fmt.Errorf("disk %d allocate: %w", d.id, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := s.writable(); err != nil {
+		return fmt.Errorf("disk %d allocate: %w", d.id, err)
+	}
+	first, count := coalesce.BlockRange(uint64(off), uint64(n), s.bs)
+	lr := d.ranges.lock(first, count, true)
+	defer lr.unlock()
+	d.mu.RLock()
+	size := d.attr.Size
+	d.mu.RUnlock()
+	end := off + n
+	if keepSize {
+		end = min(end, size)
+	}
+	if off < end {
+		first, count = coalesce.BlockRange(uint64(off), uint64(end-off), s.bs)
+		if err := d.allocateZeroedLockedRange(first, count); err != nil {
+			return fmt.Errorf("disk %d allocate [%d,+%d): %w", d.id, off, n, err)
+		}
+	}
+	if !keepSize && off+n > size {
+		d.growSizeLockedRange(off + n)
+	}
+	return nil
+}
+
+// allocateZeroedLockedRange gives the holes in virtual blocks [first,
+// first+count) zeroed blocks. Caller holds an exclusive range lock over
+// them.
+func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
+	s := d.s
+	bs := s.bs
+	d.mu.RLock()
+	segs := d.m.Lookup(nil, first, count)
+	d.mu.RUnlock()
+	for _, sg := range segs {
+		if !sg.Hole {
+			continue
+		}
+		goal, hasGoal := uint64(0), false
+		d.mu.RLock()
+		if prev, ok := d.m.Before(sg.Virt); ok {
+			goal, hasGoal = prev.Phys+(sg.Virt-prev.Virt), true
+		}
+		d.mu.RUnlock()
+		allocs, err := s.allocData(nil, sg.Len, goal, hasGoal, true)
+		if err != nil {
+			s.unallocate(allocs)
+			return err
+		}
+		for _, e := range allocs {
+			if err := s.be.WriteZeroes(s.dataOff+int64(e.Start*bs), int64(e.Len*bs)); err != nil {
+				s.stats.Errors.Add(1)
+				s.unallocate(allocs)
+				return err
+			}
+		}
+		s.writeGen.Add(1)
+		s.cut.RLock()
+		d.mu.Lock()
+		before := d.m.Len()
+		v := sg.Virt
+		recs := make([]record, 0, len(allocs))
+		for _, e := range allocs {
+			d.m.Insert(blockmap.Extent{Virt: v, Phys: e.Start, Len: e.Len}, nil)
+			recs = append(recs, record{Type: recMap, ID: d.id, Virt: v, Phys: e.Start, Len: e.Len})
+			v += e.Len
+		}
+		s.mu.Lock()
+		s.mu.extents += d.m.Len() - before
+		for _, e := range allocs {
+			delete(s.mu.inflight, e.Start)
+		}
+		s.appendLockedMu(recs...)
+		s.mu.Unlock()
+		d.mu.Unlock()
+		s.cut.RUnlock()
+	}
+	return nil
+}
+
+// SeekData returns the first offset >= off that holds data (SEEK_DATA);
+// ErrNoData when there is none before the end of the disk.
+func (h *Disk) SeekData(off int64) (int64, error) {
+	return h.seek("seek data", off, func(d *disk, bs int64) (int64, error) {
+		v, ok := d.m.NextData(uint64(off / bs))
+		if !ok || int64(v) >= (d.attr.Size+bs-1)/bs {
+			return 0, ErrNoData
+		}
+		return max(off, int64(v)*bs), nil
+	})
+}
+
+// SeekHole returns the first offset >= off in a hole (SEEK_HOLE); the end
+// of the disk counts as a hole. ErrNoData (ENXIO) when off is past the end.
+func (h *Disk) SeekHole(off int64) (int64, error) {
+	return h.seek("seek hole", off, func(d *disk, bs int64) (int64, error) {
+		v := d.m.NextHole(uint64(off / bs))
+		return min(max(off, int64(v)*bs), d.attr.Size), nil
+	})
+}
+
+// seek runs find under the disk's read lock for an offset inside the disk.
+func (h *Disk) seek(what string, off int64, find func(d *disk, bs int64) (int64, error)) (int64, error) {
+	if err := h.live(); err != nil {
+		return 0, err
+	}
+	d := h.d
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if off < 0 {
+		return 0, fmt.Errorf("%s at %d: %w", what, off, ErrInvalid)
+	}
+	if off >= d.attr.Size {
+		return 0, ErrNoData
+	}
+	return find(d, int64(d.s.bs))
+}
