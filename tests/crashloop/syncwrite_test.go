@@ -18,7 +18,8 @@ import (
 // when it returns: with the commit timer at an hour, so that nothing but
 // the write itself can have committed it, every such write must be there
 // after kill -9 of the daemon and a remount. So must a fallocate on a
-// handle opened with O_SYNC or O_DSYNC.
+// handle opened with O_SYNC or O_DSYNC, and a plain write followed by
+// `vdisk sync MOUNTPOINT`.
 
 const slot = 1 << 20 // each case writes its own MiB of the disk
 
@@ -30,9 +31,13 @@ type syncCase struct {
 	over  bool // the slot holds fsynced data first: an overwrite in place
 	skew  int  // byte offset into the slot: unaligned when not 0
 	punch uint32
+	// syncCmd: a plain write, then `vdisk sync MOUNTPOINT` (run first, so
+	// that its commit covers no other case).
+	syncCmd bool
 }
 
 var syncCases = []syncCase{
+	{name: "plain, then vdisk sync", syncCmd: true},
 	{name: "dsync", open: unix.O_DSYNC},
 	{name: "sync", open: unix.O_SYNC},
 	{name: "direct,dsync", open: unix.O_DIRECT | unix.O_DSYNC},
@@ -102,6 +107,11 @@ func testSyncWrites(t *testing.T, bin, transport string) {
 	for i, c := range syncCases {
 		if err := c.run(disk, i); err != nil {
 			t.Fatalf("%s: %v", c.name, err)
+		}
+		if c.syncCmd {
+			if out, err := exec.Command(bin, "sync", mnt).CombinedOutput(); err != nil {
+				t.Fatalf("vdisk sync: %v: %s", err, out)
+			}
 		}
 	}
 	// Nothing was fsynced and the timer is an hour away: only the
