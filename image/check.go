@@ -82,6 +82,7 @@ type Report struct {
 	Findings     []Finding `json:"findings"`
 	Disks        int       `json:"disks"`
 	Extents      int       `json:"extents"`
+	MappedBlocks uint64    `json:"mapped_blocks"` // blocks the disks' extents map: Extents over them is the fragmentation
 	DataBlocks   uint64    `json:"data_blocks"`
 	UsedBlocks   uint64    `json:"used_blocks"`
 	FreeBlocks   uint64    `json:"free_blocks"`
@@ -294,6 +295,7 @@ func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progres
 		sizeBlocks := (uint64(d.attr.Size) + s.bs - 1) / s.bs
 		d.m.Ascend(func(e blockmap.Extent) bool {
 			rep.Extents++
+			rep.MappedBlocks += e.Len
 			if progress != nil && rep.Extents%65536 == 0 {
 				progress(rep.Extents, max(totalExtents, rep.Extents))
 			}

@@ -18,6 +18,8 @@ const codeUnreadable = "store-unreadable"
 type fsckSummary struct {
 	Disks        int    `json:"disks"`
 	Extents      int    `json:"extents"`
+	MappedBlocks uint64 `json:"mapped_blocks"`
+	AvgExtent    int64  `json:"avg_extent_bytes"` // fragmentation: mapped bytes per extent
 	BlockSize    int    `json:"block_size"`
 	DataBlocks   uint64 `json:"data_blocks"`
 	UsedBlocks   uint64 `json:"used_blocks"`
@@ -219,7 +221,8 @@ func checkOf(rep *image.Report, bs int) fsckCheck {
 		f = append(f, fsckFinding{Severity: x.Severity.String(), Code: x.Code, Disk: x.Disk, Message: x.Message})
 	}
 	return fsckCheck{Findings: f, Summary: fsckSummary{
-		Disks: rep.Disks, Extents: rep.Extents, BlockSize: bs, DataBlocks: rep.DataBlocks,
+		Disks: rep.Disks, Extents: rep.Extents, MappedBlocks: rep.MappedBlocks,
+		AvgExtent: avgExtent(int64(rep.MappedBlocks)*int64(bs), rep.Extents), BlockSize: bs, DataBlocks: rep.DataBlocks,
 		UsedBlocks: rep.UsedBlocks, FreeBlocks: rep.FreeBlocks, LeakedBlocks: rep.LeakedBlocks,
 	}}
 }
@@ -266,6 +269,10 @@ func printCheck(e *env, prefix string, c fsckCheck) {
 	}
 	fmt.Fprintf(e.stdout, "%s%d disks, %d extents; %d used, %d free, %d leaked of %d blocks of %s\n",
 		prefix, sm.Disks, sm.Extents, sm.UsedBlocks, sm.FreeBlocks, sm.LeakedBlocks, sm.DataBlocks, formatSize(int64(sm.BlockSize)))
+	if sm.Extents > 0 {
+		fmt.Fprintf(e.stdout, "%sfragmentation: %d extents map %d blocks, %s per extent on average\n",
+			prefix, sm.Extents, sm.MappedBlocks, formatSize(sm.AvgExtent))
+	}
 }
 
 // checkWithProgress runs Store.Check with a progress bar (in extents) on a

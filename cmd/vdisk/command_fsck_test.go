@@ -179,7 +179,7 @@ func TestFsckLeakReport(t *testing.T) {
 
 	var out strings.Builder
 	e := newEnv(&out, io.Discard, false)
-	rep := &image.Report{Findings: []image.Finding{leak}, Disks: 1, Extents: 2, DataBlocks: 100, UsedBlocks: 10, FreeBlocks: 87, LeakedBlocks: 3}
+	rep := &image.Report{Findings: []image.Finding{leak}, Disks: 1, Extents: 2, MappedBlocks: 6, DataBlocks: 100, UsedBlocks: 10, FreeBlocks: 87, LeakedBlocks: 3}
 	res := fsckResult{Store: "s.img", fsckCheck: checkOf(rep, 4096), Repaired: []string{}}
 	err := finishFsck(e, &res, checkExitCode(rep), nil, false)
 	var ce *exitCodeError
@@ -189,6 +189,7 @@ func TestFsckLeakReport(t *testing.T) {
 	want := `checking s.img
 leak leaked-blocks: 3 blocks are used by nothing and not free ([10,+3))
 1 disks, 2 extents; 10 used, 87 free, 3 leaked of 100 blocks of 4 KiB
+fragmentation: 2 extents map 6 blocks, 12 KiB per extent on average
 result: only leaked blocks: no data is at risk; run vdisk fsck --repair to reclaim the space (exit 2)
 `
 	if out.String() != want {

@@ -22,6 +22,7 @@ type infoJSON struct {
 	LargestFreeExtent int64     `json:"largest_free_extent"`
 	Disks             int       `json:"disks"`
 	Extents           int       `json:"extents"`
+	AvgExtent         int64     `json:"avg_extent_bytes"` // mapped bytes per extent: fragmentation
 	JournalSize       int64     `json:"journal_size"`
 	JournalUsed       int64     `json:"journal_used"`
 	CheckpointBytes   int64     `json:"checkpoint_bytes"`
@@ -44,12 +45,16 @@ func newInfoCmd(e *env) *cobra.Command {
 			defer e.closeStore(s, &err)
 			in := s.Info()
 			bs := int64(in.BlockSize)
+			var mapped int64
+			for _, d := range s.List() {
+				mapped += d.Allocated
+			}
 			j := infoJSON{
 				UUID: in.UUID, Backing: in.Backing, StoreSize: in.StoreSize, BlockSize: in.BlockSize,
 				Capacity: in.CapacityBytes, DataBlocks: in.DataBlocks,
 				Used: in.CapacityBytes - in.FreeBytes, Free: in.FreeBytes, FreeBlocks: in.FreeBlocks,
 				LargestFreeExtent: int64(in.LargestFree) * bs,
-				Disks:             in.Disks, Extents: in.Extents,
+				Disks:             in.Disks, Extents: in.Extents, AvgExtent: avgExtent(mapped, in.Extents),
 				JournalSize: in.JournalBytes, JournalUsed: in.JournalUsed, CheckpointBytes: in.CkptBytes,
 				Generation: in.Generation, MountGeneration: in.MountGen, Created: in.CreatedAt,
 			}
@@ -71,7 +76,7 @@ func newInfoCmd(e *env) *cobra.Command {
 			fmt.Fprintf(tw, "free:\t%s%s\n", formatSize(j.Free), pct(j.Free))
 			fmt.Fprintf(tw, "largest free extent:\t%s\n", formatSize(j.LargestFreeExtent))
 			fmt.Fprintf(tw, "disks:\t%d\n", j.Disks)
-			fmt.Fprintf(tw, "extents:\t%d\n", j.Extents)
+			fmt.Fprintf(tw, "extents:\t%d, %s each on average\n", j.Extents, formatSize(j.AvgExtent))
 			fmt.Fprintf(tw, "journal:\t%s, %s used\n", formatSize(j.JournalSize), formatSize(j.JournalUsed))
 			fmt.Fprintf(tw, "checkpoint:\t%s\n", formatSize(j.CheckpointBytes))
 			fmt.Fprintf(tw, "generation:\t%d (opened for writing %d times)\n", j.Generation, j.MountGeneration)

@@ -17,7 +17,7 @@ func TestInfo(t *testing.T) {
 
 	r := mustRun(t, "info", store)
 	for _, want := range []string{"uuid:", "backing:", `file "` + store + `", 64 MiB`, "block size:", "4 KiB", "capacity:", "used:", "free:",
-		"largest free extent:", "disks:", "extents:", "journal:", "checkpoint:", "generation:", "created:"} {
+		"largest free extent:", "disks:", "1, 1 MiB each on average", "journal:", "checkpoint:", "generation:", "created:"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("info does not show %q:\n%s", want, r.stdout)
 		}
@@ -26,7 +26,7 @@ func TestInfo(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustRun(t, "info", "--json", store).stdout), &in); err != nil {
 		t.Fatal(err)
 	}
-	if len(in.UUID) != 36 || in.BlockSize != 4096 || in.StoreSize != 64<<20 || in.Disks != 2 || in.Extents != 1 ||
+	if len(in.UUID) != 36 || in.BlockSize != 4096 || in.StoreSize != 64<<20 || in.Disks != 2 || in.Extents != 1 || in.AvgExtent != 1<<20 ||
 		in.Capacity != int64(in.DataBlocks)*4096 || in.Used+in.Free != in.Capacity || in.Used < 1<<20 ||
 		in.LargestFreeExtent <= 0 || in.LargestFreeExtent > in.Free || in.JournalSize <= 0 || in.CheckpointBytes <= 0 ||
 		time.Since(in.Created) > time.Hour {

@@ -17,6 +17,7 @@ type lsEntry struct {
 	Size      int64     `json:"size"`
 	Allocated int64     `json:"allocated"`
 	Extents   int       `json:"extents"`
+	AvgExtent int64     `json:"avg_extent_bytes"` // allocated / extents
 	Mode      string    `json:"mode"`
 	UID       uint32    `json:"uid"`
 	GID       uint32    `json:"gid"`
@@ -30,7 +31,9 @@ func newLsCmd(e *env) *cobra.Command {
 		Use:   "ls STORE",
 		Short: "List the disks of a store",
 		Long: `Ls lists the disks of STORE sorted by name: size, space allocated, number of
-extents in the block map, and modification time.`,
+extents in the block map and their average size (a disk written in random
+order has more, smaller extents, and reads back in smaller I/Os), and
+modification time.`,
 		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			s, err := e.openStore(args[0], "ls", true)
@@ -43,7 +46,7 @@ extents in the block map, and modification time.`,
 				out := make([]lsEntry, 0, len(disks))
 				for _, d := range disks {
 					out = append(out, lsEntry{Name: d.Name, ID: d.ID, Size: d.Size, Allocated: d.Allocated, Extents: d.Extents,
-						Mode: fmt.Sprintf("%04o", d.Mode&0o7777), UID: d.UID, GID: d.GID, Modified: d.Mtime, Changed: d.Ctime})
+						AvgExtent: avgExtent(d.Allocated, d.Extents), Mode: fmt.Sprintf("%04o", d.Mode&0o7777), UID: d.UID, GID: d.GID, Modified: d.Mtime, Changed: d.Ctime})
 				}
 				return writeJSON(e, out)
 			}
@@ -52,9 +55,10 @@ extents in the block map, and modification time.`,
 				size = func(n int64) string { return strconv.FormatInt(n, 10) }
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXTENTS\tMODIFIED")
+			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXTENTS\tAVG-EXTENT\tMODIFIED")
 			for _, d := range disks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", d.Name, size(d.Size), size(d.Allocated), d.Extents, d.Mtime.Local().Format("2006-01-02 15:04:05"))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.Name, size(d.Size), size(d.Allocated), d.Extents,
+					size(avgExtent(d.Allocated, d.Extents)), d.Mtime.Local().Format("2006-01-02 15:04:05"))
 			}
 			return tw.Flush()
 		},

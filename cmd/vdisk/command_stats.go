@@ -94,12 +94,18 @@ func printStats(w io.Writer, st *telemetry.Stats) {
 	fmt.Fprintf(tw, "journal\tcheckpoints\t%d\t\t\t\n", c.Checkpoints)
 	tw.Flush()
 	bs := int64(m.BlockSize)
-	fmt.Fprintf(w, "\nfree %s of %s, largest free extent %s, %d extents\n\n",
-		formatSize(int64(m.FreeBlocks)*bs), formatSize(int64(m.DataBlocks)*bs), formatSize(int64(m.LargestFreeBlock)*bs), m.Extents)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DISK\tSIZE\tALLOCATED\tEXTENTS\tREADS\tREAD BYTES\tWRITES\tWRITE BYTES")
+	var mapped int64
 	for _, d := range m.Disks {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\n", d.Name, formatSize(d.Size), formatSize(d.Allocated), d.Extents,
+		mapped += d.Allocated
+	}
+	fmt.Fprintf(w, "\nfree %s of %s, largest free extent %s, %d extents (average %s)\n\n",
+		formatSize(int64(m.FreeBlocks)*bs), formatSize(int64(m.DataBlocks)*bs), formatSize(int64(m.LargestFreeBlock)*bs), m.Extents,
+		formatSize(avgExtent(mapped, m.Extents)))
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DISK\tSIZE\tALLOCATED\tEXTENTS\tAVG-EXTENT\tREADS\tREAD BYTES\tWRITES\tWRITE BYTES")
+	for _, d := range m.Disks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%d\t%s\n", d.Name, formatSize(d.Size), formatSize(d.Allocated), d.Extents,
+			formatSize(avgExtent(d.Allocated, d.Extents)),
 			d.ReadRequests, formatSize(int64(d.ReadRequestBytes)), d.WriteRequests, formatSize(int64(d.WriteRequestBytes)))
 	}
 	tw.Flush()

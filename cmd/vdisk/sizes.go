@@ -131,3 +131,12 @@ func formatSizeExact(n int64) string {
 	}
 	return s
 }
+
+// avgExtent is the average extent size of bytes mapped by extents: how
+// fragmented a disk or store is (0 when nothing is mapped).
+func avgExtent(bytes int64, extents int) int64 {
+	if extents == 0 {
+		return 0
+	}
+	return bytes / int64(extents)
+}
