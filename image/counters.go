@@ -327,6 +327,9 @@ type Metrics struct {
 	LargestFreeBlock uint64        `json:"largest_free_extent_blocks"`
 	Extents          int           `json:"extents"`
 	Disks            []DiskMetrics `json:"disks"`
+	// Failed: a flush or metadata write failed and the store refuses
+	// every write and sync until it is reopened (ErrFailed).
+	Failed bool `json:"failed"`
 }
 
 // DiskMetrics are one disk's figures.
@@ -379,6 +382,7 @@ func (s *Store) Metrics() Metrics {
 	info := s.Info()
 	m.DataBlocks, m.FreeBlocks, m.LargestFreeBlock, m.Extents = info.DataBlocks, info.FreeBlocks, info.LargestFree, info.Extents
 	s.mu.Lock()
+	m.Failed = s.mu.failed != nil
 	ds := make([]*disk, 0, len(s.mu.names))
 	for _, d := range s.mu.names {
 		ds = append(ds, d)

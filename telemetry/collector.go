@@ -133,7 +133,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- constHistogram(dFUSELatency, h, op)
 	}
 	failed := 0.0
-	if fs, ok := c.src.(FailureSource); ok && fs.StoreFailed() {
+	if m.Failed {
 		failed = 1
 	}
 	gauge(dStoreFailed, failed)

@@ -38,17 +38,14 @@ type mountFlags struct {
 	options        []string // -o, mount(8)-style (mountopts.go)
 }
 
-// mountSource gives telemetry the store's metrics and the FUSE layer's, and
-// whether the store has failed (a hook on the store's logger).
+// mountSource gives telemetry the store's metrics and the FUSE layer's.
 type mountSource struct {
-	s      *image.Store
-	srv    *fs.Server
-	failed *telemetry.FailureHook
+	s   *image.Store
+	srv *fs.Server
 }
 
 func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
 func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.srv.OpMetrics() }
-func (m mountSource) StoreFailed() bool                             { return m.failed.StoreFailed() }
 
 // Sync is `vdisk sync MOUNTPOINT`: the full commit an fsync makes.
 func (m mountSource) Sync() error { return m.s.Commit() }
@@ -160,8 +157,6 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return usageErrorf("--fuse-transport: %v", err)
 	}
 	engine = fs.StoreEngine(transport, engine)
-	failed := &telemetry.FailureHook{}
-	e.log.AddHook(failed)
 	s, err := e.openPath(store, image.Options{Logger: e.log, Program: mountProgram, CommitInterval: f.commitInterval, IOEngine: engine})
 	if err != nil {
 		return err
@@ -175,7 +170,7 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return err
 	}
 	// vdisk stats reads the mount's socket; --metrics adds a TCP listener.
-	src := mountSource{s, srv, failed}
+	src := mountSource{s, srv}
 	stopTelemetry, err := telemetry.Serve(telemetry.Handler(src, mnt, store), src, mnt, f.metricsAddr, false)
 	if err != nil {
 		if f.metricsAddr != "" {
