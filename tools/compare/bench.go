@@ -129,6 +129,7 @@ type bench struct {
 	device  *blockDevice // nil = no device columns
 	log     io.Writer    // progress lines
 	filled  map[string]bool
+	last    map[string]string // target → the workload that ran on it last
 }
 
 // fillJob writes a whole file once (1 MiB, 16 in flight), so that the
@@ -156,8 +157,15 @@ func (b *bench) logf(format string, args ...any) {
 }
 
 // prepare brings t into the state job needs: empty and thin for a fresh
-// job, fully written otherwise.
+// job, what the job before left for one that runs after it, fully written
+// otherwise.
 func (b *bench) prepare(ctx context.Context, t target, job fio.Job) error {
+	if job.After != "" {
+		if b.last[t.Name()] != job.After {
+			return fmt.Errorf("%s: %s runs on what %s leaves, which did not run just before it (select both with --workloads)", t.Name(), job.Name, job.After)
+		}
+		return nil
+	}
 	if job.Fresh {
 		b.filled[t.Name()] = false
 		if err := t.Reset(ctx); err != nil {
@@ -184,7 +192,7 @@ func (b *bench) prepare(ctx context.Context, t target, job fio.Job) error {
 
 // run does every round and returns the runs in the order they ran.
 func (b *bench) run(ctx context.Context) ([]runResult, error) {
-	b.filled = map[string]bool{}
+	b.filled, b.last = map[string]bool{}, map[string]string{}
 	var runs []runResult
 	total := b.cfg.Rounds * len(b.cfg.Jobs) * len(b.targets)
 	n := 0
@@ -206,6 +214,7 @@ func (b *bench) run(ctx context.Context) ([]runResult, error) {
 				if job.Fresh {
 					b.filled[t.Name()] = false // written once, maybe not to the end
 				}
+				b.last[t.Name()] = job.Name
 				runs = append(runs, r)
 				b.logf("[%d/%d] round %d %-20s %-12s %8.0f MB/s %9.0f IOPS  p99 %7.0f µs",
 					n, total, round, job.Name, t.Name(), r.MBps, r.IOPS, float64(r.P99us))

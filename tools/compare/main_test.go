@@ -37,8 +37,9 @@ func TestParseTargets(t *testing.T) {
 	}
 }
 
-// The built-in job file holds the seeds' workloads, in order, and only the
-// thin-space one asks for empty targets.
+// The built-in job file holds the seeds' workloads, in order, then the
+// placement pair (a random fill of an empty disk, a sequential read after
+// it); only the thin-space write and the fill ask for empty targets.
 func TestDefaultJobs(t *testing.T) {
 	jobs, err := loadJobs(&options{})
 	if err != nil {
@@ -47,7 +48,7 @@ func TestDefaultJobs(t *testing.T) {
 	var names []string
 	for _, j := range jobs {
 		names = append(names, j.Name)
-		if j.Fresh != (j.Name == "thin-write-1m-qd16") {
+		if j.Fresh != (j.Name == "thin-write-1m-qd16" || j.Name == "rand-fill-4k-qd32") {
 			t.Errorf("%s: fresh = %v", j.Name, j.Fresh)
 		}
 		if j.Note == "" {
@@ -58,11 +59,11 @@ func TestDefaultJobs(t *testing.T) {
 			t.Errorf("%s: unexpanded variable:\n%s", j.Name, text)
 		}
 		if j.Fresh == strings.Contains(text, "time_based") {
-			t.Errorf("%s: time_based must be set on every job but the thin-space one", j.Name)
+			t.Errorf("%s: time_based must be set on every job but the fresh ones", j.Name)
 		}
 	}
 	want := []string{"seq-write-1m-qd1", "seq-write-1m-qd16", "ch-write-256k-qd64", "seq-read-1m-qd16",
-		"rand-read-4k-qd32", "rand-write-4k-qd32", "thin-write-1m-qd16"}
+		"rand-read-4k-qd32", "rand-write-4k-qd32", "thin-write-1m-qd16", "rand-fill-4k-qd32", "seq-read-after-rand-fill-1m-qd16"}
 	if !slices.Equal(names, want) {
 		t.Errorf("workloads %v, want %v", names, want)
 	}

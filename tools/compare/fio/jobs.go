@@ -14,7 +14,10 @@
 //
 // A comment line "; compare: fresh" (or "# compare: fresh") inside a section
 // asks for a target that is empty and thin when the workload starts (the
-// first write into thin space); "; compare: note TEXT" attaches a
+// first write into thin space); "; compare: after NAME" runs the workload
+// on what workload NAME, which must come right before it, left on the
+// target (a sequential read of a disk the previous job filled in random
+// order), with no fill or reset between; "; compare: note TEXT" attaches a
 // description.
 //
 // # Results
@@ -38,6 +41,7 @@ type Job struct {
 	Name  string // the section name
 	Text  string // fio job text (globals, then the one job section), without filename
 	Fresh bool   // the target must start empty and thin
+	After string // the workload just before, whose result this one runs on
 	Note  string // free text from "; compare: note ..."
 }
 
@@ -117,6 +121,8 @@ func ParseJobs(r io.Reader) ([]Job, error) {
 			switch key {
 			case "fresh":
 				j.Fresh = true
+			case "after":
+				j.After = val
 			case "note":
 				j.Note = val
 			default:
@@ -134,6 +140,9 @@ func ParseJobs(r io.Reader) ([]Job, error) {
 			b.WriteByte('\n')
 		}
 		j.Text = b.String()
+		if j.After != "" && (len(jobs) == 0 || jobs[len(jobs)-1].Name != j.After) {
+			return nil, fmt.Errorf("fio job file: job %q runs after %q, which must be the job just before it", j.Name, j.After)
+		}
 		jobs = append(jobs, j)
 	}
 	if len(jobs) == 0 {

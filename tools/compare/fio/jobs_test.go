@@ -58,16 +58,28 @@ func TestParseJobs(t *testing.T) {
 	}
 }
 
+func TestParseJobsAfter(t *testing.T) {
+	jobs, err := ParseJobs(strings.NewReader("[fill]\n; compare: fresh\nrw=randwrite\n[read]\n; compare: after fill\nrw=read\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 2 || !jobs[0].Fresh || jobs[0].After != "" || jobs[1].After != "fill" || jobs[1].Fresh {
+		t.Fatalf("jobs: %+v", jobs)
+	}
+}
+
 func TestParseJobsErrors(t *testing.T) {
 	for name, text := range map[string]string{
-		"option outside a section": "rw=write\n[a]\n",
-		"unterminated section":     "[a\nrw=write\n",
-		"job sets filename":        "[a]\nfilename=/dev/sda\n",
-		"global sets directory":    "[global]\ndirectory=/tmp\n[a]\n",
-		"duplicate job":            "[a]\n[a]\n",
-		"bad name":                 "[a b]\n",
-		"no jobs":                  "[global]\nrw=write\n",
-		"unknown directive":        "[a]\n; compare: frsh\n",
+		"option outside a section":    "rw=write\n[a]\n",
+		"unterminated section":        "[a\nrw=write\n",
+		"job sets filename":           "[a]\nfilename=/dev/sda\n",
+		"global sets directory":       "[global]\ndirectory=/tmp\n[a]\n",
+		"duplicate job":               "[a]\n[a]\n",
+		"bad name":                    "[a b]\n",
+		"no jobs":                     "[global]\nrw=write\n",
+		"unknown directive":           "[a]\n; compare: frsh\n",
+		"after a later job":           "[b]\n; compare: after a\n[a]\n",
+		"after a job not just before": "[a]\n[c]\n[b]\n; compare: after a\n",
 	} {
 		if _, err := ParseJobs(strings.NewReader(text)); err == nil {
 			t.Errorf("%s: no error", name)
