@@ -118,6 +118,9 @@ func (m *Map) Before(virt uint64) (e Extent, ok bool) {
 	return m.floor(virt - 1)
 }
 
+// First returns the extent with the smallest Virt; ok is false if m is empty.
+func (m *Map) First() (e Extent, ok bool) { return m.tree.Min() }
+
 // Last returns the extent with the largest Virt; ok is false if m is empty.
 func (m *Map) Last() (e Extent, ok bool) { return m.tree.Max() }
 

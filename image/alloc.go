@@ -1,8 +1,10 @@
 package image
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/btree"
 )
@@ -187,6 +189,68 @@ func (a *allocator) pick(n, goal uint64, hasGoal bool) (pext, bool) {
 	return pext{Start: start, Len: min(n, largest.end()-start)}, true
 }
 
+// base is where a disk of blocks blocks with nothing mapped yet starts its
+// layout (base + virtual block), given the layouts other disks already
+// follow (claimed, sorted by start, overlaps allowed): the first stretch of
+// free blocks outside every claimed layout that holds the whole disk, else
+// the largest such stretch, else (every free block lies in someone's
+// layout: the store is short of space, and layouts give way) the largest
+// free extent. In a stretch that follows other blocks and is much larger
+// than the disk (a disk that grows by writes has no size yet), the layout
+// starts in its middle, leaving room for whoever precedes it to grow, as
+// pick does for a stream without a goal. Nothing is reserved: a layout only
+// steers where a disk's blocks are aimed. ok is false when nothing is free.
+func (a *allocator) base(blocks uint64, claimed []pext) (uint64, bool) {
+	var best pext
+	found := false
+	a.byStart.Ascend(func(f pext) bool {
+		for _, piece := range subtract(f, claimed) {
+			if piece.Len >= blocks {
+				best, found = piece, true
+				return false
+			}
+			if piece.Len > best.Len {
+				best = piece
+			}
+		}
+		return true
+	})
+	if found || best.Len > 0 {
+		const spread = 1 << 16 // blocks, as in pick
+		if best.Start > 0 && best.Len >= 2*spread && best.Len-best.Len/2 >= blocks {
+			return best.Start + best.Len/2, true
+		}
+		return best.Start, true
+	}
+	var largest pext
+	ok := false
+	a.bySize.Descend(func(f pext) bool {
+		largest, ok = f, true
+		return false
+	})
+	return largest.Start, ok
+}
+
+// subtract returns the parts of f outside every extent of claimed (sorted
+// by start), in order.
+func subtract(f pext, claimed []pext) []pext {
+	var out []pext
+	at := f.Start
+	for _, c := range claimed {
+		if c.end() <= at || c.Start >= f.end() {
+			continue
+		}
+		if c.Start > at {
+			out = append(out, pext{Start: at, Len: c.Start - at})
+		}
+		at = max(at, c.end())
+	}
+	if at < f.end() {
+		out = append(out, pext{Start: at, Len: f.end() - at})
+	}
+	return out
+}
+
 // allocHigh takes n blocks from the top of the data region downward, for
 // checkpoints, keeping metadata away from where data streams grow. At most
 // maxExts extents; otherwise nothing is taken and ErrNoSpace is returned.
@@ -294,6 +358,47 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) (
 			return dst, fmt.Errorf("%w (commit to release freed blocks: %v)", err, cerr)
 		}
 	}
+}
+
+// diskBase chooses the layout base of a disk of blocks blocks that has
+// nothing mapped (allocator.base): it avoids the layouts of the other
+// disks that have, each [its first extent's physical block - its virtual block,
+// + its size in blocks, or up to its last mapped block if that is more). The layouts are read disk by disk and may be
+// stale by the time the allocator is asked: a base is only a goal.
+func (s *Store) diskBase(self *disk, blocks uint64) (uint64, bool) {
+	if l := self.layout.Load(); l != 0 {
+		return l - 1, true
+	}
+	s.mu.Lock()
+	ds := make([]*disk, 0, len(s.mu.disks))
+	for _, d := range s.mu.disks {
+		if d != self { // its own first writes may be published meanwhile
+			ds = append(ds, d)
+		}
+	}
+	s.mu.Unlock()
+	var claimed []pext
+	for _, d := range ds {
+		d.mu.RLock()
+		first, ok := d.m.First()
+		last, _ := d.m.Last()
+		if ok && first.Phys >= first.Virt {
+			size := (uint64(d.attr.Size) + s.bs - 1) / s.bs
+			claimed = append(claimed, pext{Start: first.Phys - first.Virt, Len: max(size, last.End())})
+		}
+		d.mu.RUnlock()
+	}
+	slices.SortFunc(claimed, func(a, b pext) int { return cmp.Compare(a.Start, b.Start) })
+	s.mu.Lock()
+	base, ok := s.mu.alloc.base(blocks, claimed)
+	s.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	if !self.layout.CompareAndSwap(0, base+1) { // a concurrent first write chose first
+		base = self.layout.Load() - 1
+	}
+	return base, true
 }
 
 // unallocate returns blocks that were allocated but never mapped: no record

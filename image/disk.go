@@ -28,6 +28,12 @@ type disk struct {
 
 	counters diskCounters
 
+	// layout is the base of the disk's layout plus one (0: none chosen),
+	// for the first writes of a disk with nothing mapped: chosen by the
+	// first of them and kept, so that concurrent first writes aim at one
+	// layout (Store.diskBase); forgotten when the map empties.
+	layout atomic.Uint64
+
 	// Access and modification times change on every I/O; they are kept
 	// outside mu and journalled lazily, at the next commit.
 	atime, mtime atomic.Int64

@@ -180,7 +180,7 @@ func (d *disk) writeLockedRange(sc *scratch, p []byte, off int64, mayFUA bool) (
 
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
-	prev, hasPrev := d.m.Before(first)
+	nb := d.neighboursLockedMu(first, count)
 	d.mu.RUnlock()
 	countLookup(c, sc.segs)
 
@@ -206,7 +206,7 @@ func (d *disk) writeLockedRange(sc *scratch, p []byte, off int64, mayFUA bool) (
 		copy(buf[uoff-first*bs:], p)
 	}
 
-	if err := s.allocHoles(sc, prev, hasPrev, true); err != nil {
+	if err := s.allocHoles(sc, nb, true); err != nil {
 		return false, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
 	}
 	// A synchronous overwrite in place needs nothing journalled when the
@@ -231,32 +231,73 @@ func (d *disk) writeLockedRange(sc *scratch, p []byte, off int64, mayFUA bool) (
 	return durable, nil
 }
 
+// neighbours are what placement aims by (docs/DESIGN.md, rule 7): the
+// disk's mapped extents on either side of a request's block range, and the
+// disk's size in blocks.
+type neighbours struct {
+	d                *disk
+	prev, next       blockmap.Extent
+	hasPrev, hasNext bool
+	blocks           uint64
+}
+
+// neighboursLockedMu returns the neighbours of blocks [first, first+count).
+// Caller holds d.mu (either mode).
+func (d *disk) neighboursLockedMu(first, count uint64) neighbours {
+	nb := neighbours{d: d}
+	nb.prev, nb.hasPrev = d.m.Before(first)
+	if v, ok := d.m.NextData(first + count); ok {
+		nb.next, nb.hasNext = d.m.Before(v + 1)
+	}
+	nb.blocks = (uint64(d.attr.Size) + d.s.bs - 1) / d.s.bs
+	return nb
+}
+
 // allocHoles fills sc.out with sc.segs (a lookup), every hole given new
 // blocks (recorded in sc.allocs, in flight until published or returned
-// with unallocate), each aimed right after the physical end of what
-// precedes it so that sequential writes stay one extent; prev is the
-// extent before the lookup's first block. With mayCommit false it never
-// waits for a commit to release quarantined blocks (allocData). On error
-// it has returned what it allocated.
-func (s *Store) allocHoles(sc *scratch, prev blockmap.Extent, hasPrev, mayCommit bool) error {
+// with unallocate). With mayCommit false it never waits for a commit to
+// release quarantined blocks (allocData). On error it has returned what it
+// allocated.
+//
+// Placement follows the virtual offset, not the order of the writes: a
+// hole is aimed where its nearest mapped neighbour says it belongs, the
+// neighbour's physical block plus the virtual distance (as ext4 aims a new
+// block by its logical neighbour): the extent before it, or else the one
+// after it, or, for a disk with nothing mapped yet, a base chosen for the
+// whole disk (allocator.base). So every block of a disk filled in any
+// order is aimed at one linear layout, base + virtual block, and a disk
+// written at random reads back in large I/Os wherever that layout was
+// free; where another disk holds the goal, the allocator takes the next
+// free blocks after it.
+func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 	var lastVirt, lastPhys uint64
 	hasLast := false
-	if hasPrev {
-		lastVirt, lastPhys, hasLast = prev.End(), prev.PhysEnd(), true
+	if nb.hasPrev {
+		lastVirt, lastPhys, hasLast = nb.prev.End(), nb.prev.PhysEnd(), true
 	}
-	for _, sg := range sc.segs {
+	for i, sg := range sc.segs {
 		if !sg.Hole {
 			sc.out = append(sc.out, sg)
 			lastVirt, lastPhys, hasLast = sg.Virt+sg.Len, sg.Phys+sg.Len, true
 			continue
 		}
-		goal := uint64(0)
-		if hasLast {
+		next, hasNext := nb.next, nb.hasNext
+		if i+1 < len(sc.segs) { // a hole is followed by data in a lookup
+			next, hasNext = blockmap.Extent{Virt: sc.segs[i+1].Virt, Phys: sc.segs[i+1].Phys}, true
+		}
+		goal, hasGoal := uint64(0), hasLast
+		switch {
+		case hasLast:
 			goal = lastPhys + (sg.Virt - lastVirt)
+		case hasNext && next.Phys >= next.Virt-sg.Virt:
+			goal, hasGoal = next.Phys-(next.Virt-sg.Virt), true
+		case !hasNext:
+			goal, hasGoal = s.diskBase(nb.d, nb.blocks)
+			goal += sg.Virt
 		}
 		start := len(sc.allocs)
 		var err error
-		sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasLast, mayCommit)
+		sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasGoal, mayCommit)
 		if err != nil {
 			s.unallocate(sc.allocs)
 			sc.allocs = sc.allocs[:0]

@@ -128,6 +128,9 @@ func (d *disk) unmapLockedRange(v, n uint64) {
 	if len(freed) == 0 {
 		return
 	}
+	if d.m.Len() == 0 {
+		d.layout.Store(0) // the next first write chooses afresh
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.extents += d.m.Len() - before
@@ -147,6 +150,9 @@ func (d *disk) setSizeLockedRange(size int64) {
 	before := d.m.Len()
 	keep := coalesce.RoundUp(uint64(size), s.bs) / s.bs
 	freed := d.m.Punch(keep, ^uint64(0)-keep, nil)
+	if d.m.Len() == 0 {
+		d.layout.Store(0) // the next first write chooses afresh
+	}
 	d.attr.Size = size
 	d.attr.Ctime = time.Now().UnixNano()
 	s.mu.Lock()

@@ -112,7 +112,7 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable 
 	sc := getScratch()
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
-	prev, hasPrev := d.m.Before(first)
+	nb := d.neighboursLockedMu(first, count)
 	size = d.attr.Size
 	d.mu.RUnlock()
 	fd := desc.FD()
@@ -132,7 +132,7 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable 
 	if write && hasHole(sc) {
 		// Blocks for the holes, without waiting for a commit to free
 		// any: a full store's writes go to WriteAt.
-		if s.allocHoles(sc, prev, hasPrev, false) != nil {
+		if s.allocHoles(sc, nb, false) != nil {
 			return decline()
 		}
 		segs = sc.out
