@@ -494,3 +494,12 @@ func (tc *testCase) ownerIO(what string) (served, retried uint64) {
 	}
 	return served, retried
 }
+
+// ownerRetries is how many requests the mount's io_uring queue owners
+// handed to a worker after a failed backing I/O; 0 on /dev/fuse.
+func (tc *testCase) ownerRetries() uint64 {
+	if tc.srv == nil || tc.srv.ring == nil {
+		return 0
+	}
+	return tc.srv.ring.OwnerRetries()
+}
