@@ -83,7 +83,10 @@
 //     serves aligned READs and WRITEs within the disk's size itself:
 //     image.Disk.PlanRead/PlanWrite map the request and take its range
 //     without waiting, and the backing I/O goes on the queue's own ring, so
-//     the request wakes no goroutine and blocks no thread. Requests are
+//     the request wakes no goroutine and blocks no thread. The backend
+//     prepares the ring entries (backend.Submitter); the memory and crash
+//     backends of tests perform the I/O at once instead, so the tests run
+//     this path too. Requests are
 //     found by node id, which is the disk's inode number (ExternalNodeID);
 //     the disk handle used is any open one of that disk, pinned so that its
 //     Release waits. A write into holes gets its blocks without waiting and

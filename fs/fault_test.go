@@ -82,8 +82,8 @@ func nthOf(k backend.OpKind, n int, where func(backend.Op) bool) func(backend.Op
 
 // newFaultCase mounts a store on a Crash of size bytes with a 16 KiB
 // journal (so that the fourth commit in a row is a checkpoint), no commit
-// timer, and the fault switch installed.
-func newFaultCase(t *testing.T, size int64) (*testCase, *backend.Crash, *faultSwitch) {
+// timer, and the fault switch installed, over transport tr.
+func newFaultCase(t *testing.T, tr Transport, size int64) (*testCase, *backend.Crash, *faultSwitch) {
 	t.Helper()
 	c := backend.NewCrash(size)
 	c.CheckAlignment(512)
@@ -92,7 +92,7 @@ func newFaultCase(t *testing.T, size int64) (*testCase, *backend.Crash, *faultSw
 	// The errors are expected: keep their log lines out of the output.
 	tc := newTestCase(t, withMemBackend(c), withFormatOptions(image.FormatOptions{JournalSize: 16 << 10}),
 		withStoreOptions(image.Options{CommitInterval: -1, Strict: true, Logger: quietLogger()}),
-		withMountOptions(Options{Logger: quietLogger()}))
+		withMountOptions(Options{Logger: quietLogger(), Transport: tr}))
 	return tc, c, fsw
 }
 
@@ -128,9 +128,14 @@ func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
 
 // TestBackendEIO: read, write, write-zeroes and discard errors of the
 // backing reach the client as EIO (discard: not at all), leave the map and
-// the free space as they were, and do not poison the store.
-func TestBackendEIO(t *testing.T) {
-	tc, _, fsw := newFaultCase(t, 16<<20)
+// the free space as they were, and do not poison the store. On io_uring
+// the aligned O_DIRECT reads and writes are started on the queue threads;
+// their failed backing I/O must fall back to a worker, whose ReadAt or
+// WriteAt fails again and reports: the test checks that this happened.
+func TestBackendEIO(t *testing.T) { forTransports(t, testBackendEIO) }
+
+func testBackendEIO(t *testing.T, tr Transport) {
+	tc, _, fsw := newFaultCase(t, tr, 16<<20)
 	const size = 1 << 20
 	old := tagged(1, 256<<10, 1)
 	f := tc.openFile("d.raw", os.O_RDWR|os.O_CREATE, 0o600)
@@ -161,11 +166,22 @@ func TestBackendEIO(t *testing.T) {
 		}
 	}
 
+	// fellBack fails the subtest on io_uring unless a failed owner I/O
+	// fell back to a worker since retries0 (tc.ownerRetries).
+	fellBack := func(t *testing.T, what string, retries0 uint64) {
+		t.Helper()
+		if tr == TransportIOURing && tc.ownerRetries() == retries0 {
+			t.Errorf("%s: no request fell back from the queue thread to a worker", what)
+		}
+	}
+
 	t.Run("read", func(t *testing.T) {
+		r0 := tc.ownerRetries()
 		fsw.arm(false, allOf(backend.OpRead))
 		p := directio.AlignedBlock(64 << 10)
 		_, err := df.ReadAt(p, 0)
 		wantErrno(t, "O_DIRECT pread of data", err, unix.EIO)
+		fellBack(t, "O_DIRECT pread of data", r0)
 		_, err = f.ReadAt(p[:1000], 4097)
 		wantErrno(t, "pread of data", err, unix.EIO)
 		// A hole reads as zeros without touching the backing.
@@ -180,9 +196,11 @@ func TestBackendEIO(t *testing.T) {
 
 	t.Run("write into a hole", func(t *testing.T) {
 		alloc0, free0 := tc.allocated("d.raw")
+		r0 := tc.ownerRetries()
 		fsw.arm(false, allOf(backend.OpWrite))
 		_, err := df.WriteAt(tagged(1, 64<<10, 2), 512<<10)
 		wantErrno(t, "O_DIRECT pwrite into a hole", err, unix.EIO)
+		fellBack(t, "O_DIRECT pwrite into a hole", r0)
 		_, err = f.WriteAt(tagged(1, 3000, 3), 700<<10+3)
 		wantErrno(t, "unaligned pwrite into a hole", err, unix.EIO)
 		_, err = f.WriteAt(tagged(1, 5000, 4), size-100)
@@ -196,10 +214,12 @@ func TestBackendEIO(t *testing.T) {
 
 	t.Run("write over data", func(t *testing.T) {
 		alloc0, free0 := tc.allocated("d.raw")
+		r0 := tc.ownerRetries()
 		fsw.arm(false, allOf(backend.OpWrite))
 		neu := tagged(1, 64<<10, 5)
 		_, err := df.WriteAt(neu, 64<<10)
 		wantErrno(t, "O_DIRECT pwrite over data", err, unix.EIO)
+		fellBack(t, "O_DIRECT pwrite over data", r0)
 		if fsw.disarm() == 0 {
 			t.Fatal("no write failed")
 		}
@@ -271,6 +291,12 @@ func TestBackendEIO(t *testing.T) {
 	if err := f.Sync(); err != nil {
 		t.Fatalf("fsync after the faults: %v", err)
 	}
+	if got := readAt(t, df, 512<<10, 64<<10); !bytes.Equal(got, model[512<<10:576<<10]) {
+		t.Fatal("O_DIRECT read after the faults differs from the write")
+	}
+	if _, retried := tc.ownerIO("faults"); tr == TransportIOURing && retried == 0 {
+		t.Error("no failed owner I/O fell back to a worker")
+	}
 	f.Close()
 	df.Close()
 	tc.remount()
@@ -289,12 +315,7 @@ func TestFailedFsyncPoisons(t *testing.T) {
 	journal := func(op backend.Op) bool { return op.Off >= 8192 && op.Off < 8192+16<<10 }
 	data := func(op backend.Op) bool { return op.Off >= 1<<20 }
 	at := func(off int64) func(backend.Op) bool { return func(op backend.Op) bool { return op.Off == off } }
-	cases := []struct {
-		name       string
-		checkpoint bool // fill the journal first, so that the fsync checkpoints
-		timer      bool // the commit that fails is the timer's (Store.Commit), not the fsync's
-		match      func() func(backend.Op) bool
-	}{
+	cases := []fsyncFault{
 		{"data flush before the commit", false, false, func() func(backend.Op) bool { return nthOf(backend.OpFlush, 1, nil) }},
 		{"journal write", false, false, func() func(backend.Op) bool { return nthOf(backend.OpWrite, 1, journal) }},
 		{"journal flush", false, false, func() func(backend.Op) bool { return nthOf(backend.OpFlush, 2, nil) }},
@@ -311,140 +332,153 @@ func TestFailedFsyncPoisons(t *testing.T) {
 		{"timer commit's journal write", false, true, func() func(backend.Op) bool { return nthOf(backend.OpWrite, 1, journal) }},
 		{"timer checkpoint's superblock A write", true, true, func() func(backend.Op) bool { return nthOf(backend.OpWrite, 1, at(0)) }},
 	}
-	for _, k := range cases {
-		t.Run(k.name, func(t *testing.T) {
-			tc, c, fsw := newFaultCase(t, 8<<20)
-			x := tc.openFile("x.raw", os.O_RDWR|os.O_CREATE|syscall.O_DIRECT, 0o600)
-			y := tc.openFile("y.raw", os.O_RDWR|os.O_CREATE, 0o600)
-			xs, ys := tagged(1, 256<<10, 1), tagged(2, 100000, 2)
-			if _, err := x.WriteAt(xs, 0); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := y.WriteAt(ys, 0); err != nil {
-				t.Fatal(err)
-			}
-			if err := x.Sync(); err != nil {
-				t.Fatal(err)
-			}
-			if k.checkpoint {
-				// Commit until one more page would pass three quarters
-				// of the journal: the next commit is a checkpoint.
-				for i := 0; ; i++ {
-					info := tc.store.Info()
-					if info.JournalUsed+4096 > info.JournalBytes*3/4 {
-						break
-					}
-					if i > 100 {
-						t.Fatalf("journal does not fill: %+v", info)
-					}
-					if _, err := y.WriteAt([]byte{0x21}, 0); err != nil { // in place: one attr record per commit
-						t.Fatal(err)
-					}
-					ys[0] = 0x21
-					if err := y.Sync(); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			ckpts := tc.store.Counters().Checkpoints
+	forTransports(t, func(t *testing.T, tr Transport) {
+		for _, k := range cases {
+			t.Run(k.name, func(t *testing.T) { testFailedFsync(t, tr, k) })
+		}
+	})
+}
 
-			// The writes the failing fsync is for: new blocks, and an
-			// overwrite in place.
-			xn, xo := tagged(1, 128<<10, 3), tagged(1, 4096, 4)
-			if _, err := x.WriteAt(xn, 512<<10); err != nil {
+// fsyncFault is a case of TestFailedFsyncPoisons.
+type fsyncFault struct {
+	name       string
+	checkpoint bool // fill the journal first, so that the fsync checkpoints
+	timer      bool // the commit that fails is the timer's (Store.Commit), not the fsync's
+	match      func() func(backend.Op) bool
+}
+
+func testFailedFsync(t *testing.T, tr Transport, k fsyncFault) {
+	tc, c, fsw := newFaultCase(t, tr, 8<<20)
+	x := tc.openFile("x.raw", os.O_RDWR|os.O_CREATE|syscall.O_DIRECT, 0o600)
+	y := tc.openFile("y.raw", os.O_RDWR|os.O_CREATE, 0o600)
+	xs, ys := tagged(1, 256<<10, 1), tagged(2, 100000, 2)
+	if _, err := x.WriteAt(xs, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := y.WriteAt(ys, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if k.checkpoint {
+		// Commit until one more page would pass three quarters
+		// of the journal: the next commit is a checkpoint.
+		for i := 0; ; i++ {
+			info := tc.store.Info()
+			if info.JournalUsed+4096 > info.JournalBytes*3/4 {
+				break
+			}
+			if i > 100 {
+				t.Fatalf("journal does not fill: %+v", info)
+			}
+			if _, err := y.WriteAt([]byte{0x21}, 0); err != nil { // in place: one attr record per commit
 				t.Fatal(err)
 			}
-			if _, err := x.WriteAt(xo, 8192); err != nil {
+			ys[0] = 0x21
+			if err := y.Sync(); err != nil {
 				t.Fatal(err)
 			}
-			fsw.arm(true, k.match())
-			if k.timer {
-				if err := tc.store.Commit(); !errors.Is(err, image.ErrFailed) {
-					t.Errorf("the commit whose %s fails: %v, want ErrFailed", k.name, err)
-				}
-				wantErrno(t, "the fsync after the timer's failed commit", x.Sync(), unix.EIO)
-			} else {
-				wantErrno(t, "the fsync whose "+k.name+" fails", x.Sync(), unix.EIO)
-			}
-			if fsw.disarm() != 1 {
-				t.Fatalf("the fault did not fire (checkpoints %d -> %d)", ckpts, tc.store.Counters().Checkpoints)
-			}
+		}
+	}
+	ckpts := tc.store.Counters().Checkpoints
 
-			// Poisoned: nothing that commits or changes the store works
-			// any more, on any disk; reads do.
-			wantErrno(t, "fsync again", x.Sync(), unix.EIO)
-			wantErrno(t, "fsync of another disk", y.Sync(), unix.EIO)
-			wantErrno(t, "fdatasync of another disk", unix.Fdatasync(int(y.Fd())), unix.EIO)
-			_, err := y.WriteAt([]byte("more"), 200000)
-			wantErrno(t, "write to another disk", err, unix.EIO)
-			wantErrno(t, "truncate", y.Truncate(1<<20), unix.EIO)
-			_, err = os.OpenFile(tc.path("z.raw"), os.O_RDWR|os.O_CREATE, 0o600)
-			wantErrno(t, "create", err, unix.EIO)
-			if got := readAll(t, tc.path("y.raw")); !bytes.Equal(got, ys) {
-				t.Errorf("y.raw reads differently after the failure")
-			}
-			if got := readAt(t, x, 512<<10, len(xn)); !bytes.Equal(got, xn) {
-				t.Errorf("x.raw does not read its acknowledged write after the failure")
-			}
-			x.Close()
-			y.Close()
+	// The writes the failing fsync is for: new blocks, and an
+	// overwrite in place.
+	xn, xo := tagged(1, 128<<10, 3), tagged(1, 4096, 4)
+	if _, err := x.WriteAt(xn, 512<<10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.WriteAt(xo, 8192); err != nil {
+		t.Fatal(err)
+	}
+	fsw.arm(true, k.match())
+	if k.timer {
+		if err := tc.store.Commit(); !errors.Is(err, image.ErrFailed) {
+			t.Errorf("the commit whose %s fails: %v, want ErrFailed", k.name, err)
+		}
+		wantErrno(t, "the fsync after the timer's failed commit", x.Sync(), unix.EIO)
+	} else {
+		wantErrno(t, "the fsync whose "+k.name+" fails", x.Sync(), unix.EIO)
+	}
+	if fsw.disarm() != 1 {
+		t.Fatalf("the fault did not fire (checkpoints %d -> %d)", ckpts, tc.store.Counters().Checkpoints)
+	}
 
-			// The store does not close cleanly. Power cut now: the durable
-			// state is consistent and holds every disk's last fsync.
-			if !tc.unmount() {
-				t.FailNow()
-			}
-			if err := tc.store.Close(); !errors.Is(err, image.ErrFailed) {
-				t.Errorf("close of the poisoned store: %v, want ErrFailed", err)
-			}
-			tc.store = nil
-			rng := rand.New(rand.NewPCG(1, 2))
-			for _, mode := range []backend.CrashMode{backend.DropUnflushed, backend.RandomSubset, backend.Torn, backend.Torn} {
-				s, err := image.Open(c.MemAt(c.OpCount(), rng, mode), image.Options{CommitInterval: -1, Logger: quietLogger()})
-				if err != nil {
-					t.Fatalf("power cut after the failure (%s): open: %v", mode, err)
-				}
-				if rep := s.Check(); !rep.Clean() {
-					t.Errorf("power cut after the failure (%s): %v", mode, rep.Findings)
-				}
-				gy, err := readDisk(s, "y.raw")
-				if err != nil || !bytes.Equal(gy, ys) {
-					t.Errorf("power cut after the failure (%s): y.raw lost its last fsync (%v)", mode, err)
-				}
-				gx, err := readDisk(s, "x.raw")
-				if err != nil || len(gx) < 256<<10 || !bytes.Equal(gx[:8192], xs[:8192]) || !bytes.Equal(gx[8192+4096:256<<10], xs[8192+4096:]) {
-					t.Errorf("power cut after the failure (%s): x.raw lost its last fsync (%v)", mode, err)
-				}
-				s.Close()
-			}
-			// Reopened, it is consistent and works again.
-			tc.openStore()
-			tc.check("after reopening the poisoned store")
-			tc.mount()
-			if got := readAll(t, tc.path("y.raw")); !bytes.Equal(got, ys) {
-				t.Errorf("y.raw lost what it held at its last fsync")
-			}
-			got := readAll(t, tc.path("x.raw"))
-			if !bytes.Equal(got[:8192], xs[:8192]) || !bytes.Equal(got[8192+4096:256<<10], xs[8192+4096:]) {
-				t.Errorf("x.raw lost what it held at its last fsync")
-			}
-			for i, b := range got[8192 : 8192+4096] {
-				if b != xs[8192+i] && b != xo[i] {
-					t.Fatalf("x.raw byte %d is %#x: neither before nor after the overwrite", 8192+i, b)
-				}
-			}
-			switch {
-			case len(got) == 256<<10:
-			case len(got) == 640<<10 && (isZero(got[256<<10:512<<10]) && (bytes.Equal(got[512<<10:], xn) || isZero(got[512<<10:]))):
-			default:
-				t.Errorf("x.raw after the failed fsync: %d bytes, the write of the failed fsync partly there", len(got))
-			}
-			t.Logf("after reopen x.raw has %d bytes", len(got))
-			// And it works again.
-			if err := os.WriteFile(tc.path("z.raw"), tagged(3, 5000, 5), 0o600); err != nil {
-				t.Fatalf("write after reopening: %v", err)
-			}
-		})
+	// Poisoned: nothing that commits or changes the store works
+	// any more, on any disk; reads do.
+	wantErrno(t, "fsync again", x.Sync(), unix.EIO)
+	wantErrno(t, "fsync of another disk", y.Sync(), unix.EIO)
+	wantErrno(t, "fdatasync of another disk", unix.Fdatasync(int(y.Fd())), unix.EIO)
+	_, err := y.WriteAt([]byte("more"), 200000)
+	wantErrno(t, "write to another disk", err, unix.EIO)
+	wantErrno(t, "truncate", y.Truncate(1<<20), unix.EIO)
+	_, err = os.OpenFile(tc.path("z.raw"), os.O_RDWR|os.O_CREATE, 0o600)
+	wantErrno(t, "create", err, unix.EIO)
+	if got := readAll(t, tc.path("y.raw")); !bytes.Equal(got, ys) {
+		t.Errorf("y.raw reads differently after the failure")
+	}
+	if got := readAt(t, x, 512<<10, len(xn)); !bytes.Equal(got, xn) {
+		t.Errorf("x.raw does not read its acknowledged write after the failure")
+	}
+	x.Close()
+	y.Close()
+	tc.ownerIO("before and after the failure") // the overwrite xo and the O_DIRECT read of xn
+
+	// The store does not close cleanly. Power cut now: the durable
+	// state is consistent and holds every disk's last fsync.
+	if !tc.unmount() {
+		t.FailNow()
+	}
+	if err := tc.store.Close(); !errors.Is(err, image.ErrFailed) {
+		t.Errorf("close of the poisoned store: %v, want ErrFailed", err)
+	}
+	tc.store = nil
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, mode := range []backend.CrashMode{backend.DropUnflushed, backend.RandomSubset, backend.Torn, backend.Torn} {
+		s, err := image.Open(c.MemAt(c.OpCount(), rng, mode), image.Options{CommitInterval: -1, Logger: quietLogger()})
+		if err != nil {
+			t.Fatalf("power cut after the failure (%s): open: %v", mode, err)
+		}
+		if rep := s.Check(); !rep.Clean() {
+			t.Errorf("power cut after the failure (%s): %v", mode, rep.Findings)
+		}
+		gy, err := readDisk(s, "y.raw")
+		if err != nil || !bytes.Equal(gy, ys) {
+			t.Errorf("power cut after the failure (%s): y.raw lost its last fsync (%v)", mode, err)
+		}
+		gx, err := readDisk(s, "x.raw")
+		if err != nil || len(gx) < 256<<10 || !bytes.Equal(gx[:8192], xs[:8192]) || !bytes.Equal(gx[8192+4096:256<<10], xs[8192+4096:]) {
+			t.Errorf("power cut after the failure (%s): x.raw lost its last fsync (%v)", mode, err)
+		}
+		s.Close()
+	}
+	// Reopened, it is consistent and works again.
+	tc.openStore()
+	tc.check("after reopening the poisoned store")
+	tc.mount()
+	if got := readAll(t, tc.path("y.raw")); !bytes.Equal(got, ys) {
+		t.Errorf("y.raw lost what it held at its last fsync")
+	}
+	got := readAll(t, tc.path("x.raw"))
+	if !bytes.Equal(got[:8192], xs[:8192]) || !bytes.Equal(got[8192+4096:256<<10], xs[8192+4096:]) {
+		t.Errorf("x.raw lost what it held at its last fsync")
+	}
+	for i, b := range got[8192 : 8192+4096] {
+		if b != xs[8192+i] && b != xo[i] {
+			t.Fatalf("x.raw byte %d is %#x: neither before nor after the overwrite", 8192+i, b)
+		}
+	}
+	switch {
+	case len(got) == 256<<10:
+	case len(got) == 640<<10 && (isZero(got[256<<10:512<<10]) && (bytes.Equal(got[512<<10:], xn) || isZero(got[512<<10:]))):
+	default:
+		t.Errorf("x.raw after the failed fsync: %d bytes, the write of the failed fsync partly there", len(got))
+	}
+	t.Logf("after reopen x.raw has %d bytes", len(got))
+	// And it works again.
+	if err := os.WriteFile(tc.path("z.raw"), tagged(3, 5000, 5), 0o600); err != nil {
+		t.Fatalf("write after reopening: %v", err)
 	}
 }
 

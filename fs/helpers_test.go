@@ -449,3 +449,57 @@ func eventually(t testing.TB, what string, cond func() bool) {
 func isZero(b []byte) bool {
 	return len(b) == 0 || (b[0] == 0 && bytes.Equal(b[1:], b[:len(b)-1]))
 }
+
+// forTransports runs f as a subtest on each FUSE transport: dev, and
+// io_uring where the kernel has it (requireIOURing), so that a test runs
+// the queue-thread (owner) path of a root mount as well as go-fuse's.
+func forTransports(t *testing.T, f func(t *testing.T, tr Transport)) {
+	t.Helper()
+	for _, tr := range []Transport{TransportDev, TransportIOURing} {
+		t.Run(string(tr), func(t *testing.T) {
+			requireFUSE(t)
+			if tr == TransportIOURing {
+				requireIOURing(t)
+			}
+			f(t, tr)
+		})
+	}
+}
+
+// ownerIO reports how many READ and WRITE requests the mount's io_uring
+// queue owners served themselves (owner I/O through the backend's seam),
+// and how many of those they started but handed to a worker because a
+// backing I/O failed. It logs both, and on the io_uring transport fails
+// the test if no request took the owner path. Call it before unmounting:
+// the counts belong to the mount.
+func (tc *testCase) ownerIO(what string) (served, retried uint64) {
+	tc.t.Helper()
+	if tc.srv == nil {
+		tc.t.Fatalf("%s: owner I/O counts asked of an unmounted store", what)
+	}
+	ring := tc.srv.ring
+	if ring == nil {
+		if tc.mountOpts.Transport == TransportIOURing {
+			tc.t.Fatalf("%s: mount serves over %q, want io_uring", what, tc.srv.Transport())
+		}
+		tc.t.Logf("%s: %s transport: no queue-thread path", what, tc.srv.Transport())
+		return 0, 0
+	}
+	r, w := ring.OwnerIO()
+	served, retried = r+w, ring.OwnerRetries()
+	tc.t.Logf("%s: %d requests took the queue-thread path: %d served there (%d reads, %d writes), %d fell back to a worker after a failed backing I/O",
+		what, served+retried, served, r, w, retried)
+	if served+retried == 0 {
+		tc.t.Errorf("%s: no request took the queue-thread path on io_uring", what)
+	}
+	return served, retried
+}
+
+// ownerRetries is how many requests the mount's io_uring queue owners
+// handed to a worker after a failed backing I/O; 0 on /dev/fuse.
+func (tc *testCase) ownerRetries() uint64 {
+	if tc.srv == nil || tc.srv.ring == nil {
+		return 0
+	}
+	return tc.srv.ring.OwnerRetries()
+}

@@ -11,7 +11,8 @@ import (
 // ownerIO lets the FUSE-over-io_uring queues serve READ and WRITE requests
 // on their owner threads (fuseuring.IOServer): the request is planned
 // against the disk's map (image.Disk.PlanRead, PlanWrite) and its backing
-// I/O goes on the queue's own ring with the replies, so it costs no
+// I/O goes through the backend's submission seam onto the queue's own ring
+// with the replies (or, on a memory backend, is done at once), so it costs no
 // goroutine hand-off and no thread blocked in pread or pwrite. What cannot
 // be planned without waiting (unaligned I/O, growing writes, writes a full
 // store must commit for, ranges held by other requests) takes the usual

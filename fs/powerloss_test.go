@@ -90,26 +90,36 @@ func testSeed() uint64 {
 	return rand.Uint64()
 }
 
+// It runs on both FUSE transports: over io_uring the aligned reads and
+// writes take the queue-thread (owner) path, through the Crash backend's
+// submission seam (Do), as a root mount's would on a file.
 func TestPowerLossUnderMount(t *testing.T) {
 	runs, ops, limit := 2, 140, int64(1<<20)
 	if testing.Short() {
 		runs, ops, limit = 1, 80, 256<<10
 	}
-	total := 0
-	for r := range runs {
-		seed := testSeed()
-		t.Run(fmt.Sprintf("run%d", r), func(t *testing.T) {
-			t.Logf("seed %d (VDISK_SEED=%d reruns it)", seed, seed)
-			total += runPowerLoss(t, seed, ops, limit)
-		})
-	}
-	t.Logf("%d power-cut states checked", total)
-	if total < 300 {
-		t.Errorf("only %d power-cut states checked, want at least 300", total)
-	}
+	forTransports(t, func(t *testing.T, tr Transport) {
+		total := 0
+		var owner uint64
+		for r := range runs {
+			seed := testSeed()
+			t.Run(fmt.Sprintf("run%d", r), func(t *testing.T) {
+				t.Logf("seed %d (VDISK_SEED=%d reruns it)", seed, seed)
+				n, o := runPowerLoss(t, tr, seed, ops, limit)
+				total, owner = total+n, owner+o
+			})
+		}
+		t.Logf("%d power-cut states checked; %d requests took the queue-thread path", total, owner)
+		if total < 300 {
+			t.Errorf("only %d power-cut states checked, want at least 300", total)
+		}
+	})
 }
 
-func runPowerLoss(t *testing.T, seed uint64, ops int, limit int64) int {
+// runPowerLoss runs the workload over transport tr and checks the power
+// cuts; it returns the states checked and how many requests took the
+// queue-thread path.
+func runPowerLoss(t *testing.T, tr Transport, seed uint64, ops int, limit int64) (int, uint64) {
 	const ndisks = 4
 	// A small store: data region of 6 × limit (the disks hold at most 4 ×
 	// limit), so that freed blocks are soon reused by other disks.
@@ -118,7 +128,8 @@ func runPowerLoss(t *testing.T, seed uint64, ops int, limit int64) int {
 	// A small journal makes checkpoints frequent, so cuts land inside
 	// them too; the commit timer adds commits nobody asked for.
 	tc := newTestCase(t, withMemBackend(c), withFormatOptions(image.FormatOptions{JournalSize: 64 << 10}),
-		withStoreOptions(image.Options{CommitInterval: 20 * time.Millisecond, Strict: true}))
+		withStoreOptions(image.Options{CommitInterval: 20 * time.Millisecond, Strict: true}),
+		withMountOptions(Options{Transport: tr}))
 
 	disks := make([]*plDisk, ndisks)
 	for i := range disks {
@@ -147,6 +158,7 @@ func runPowerLoss(t *testing.T, seed uint64, ops int, limit int64) int {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	served, retried := tc.ownerIO("workload")
 	// Unmount and close: the close commits and checkpoints, and power cuts
 	// land in that too. Afterwards everything is durable.
 	tc.closeStore()
@@ -196,7 +208,7 @@ func runPowerLoss(t *testing.T, seed uint64, ops int, limit int64) int {
 		}
 	}
 	t.Logf("%d ops, %d flushes, %d states checked", end, len(c.FlushOps()), len(cuts))
-	return len(cuts)
+	return len(cuts), served + retried
 }
 
 // run is the workload of one disk: ops random operations through the
@@ -245,9 +257,13 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 		st := plStep{start: c.OpCount()}
 		size := int64(len(d.data))
 		switch k := rng.IntN(100); {
-		case k < 26: // O_DIRECT write of whole sectors
-			off := rng.Int64N(limit/512) * 512
-			n := min(int64(1+rng.IntN(128))*512, limit-off)
+		case k < 26: // O_DIRECT write of whole sectors, half of them of whole blocks
+			unit := int64(512)
+			if rng.IntN(2) == 0 {
+				unit = 4096 // the queue-thread path's: block-aligned
+			}
+			off := rng.Int64N(limit/unit) * unit
+			n := min(int64(1+rng.IntN(int(64<<10/unit)))*unit, limit-off)
 			p := abuf[:n]
 			fill(p)
 			if _, err := df.WriteAt(p, off); err != nil {
@@ -336,6 +352,20 @@ func (d *plDisk) run(c *backend.Crash, path string, rng *rand.Rand, ops int, lim
 				d.data = append(d.data, make([]byte, ns-size)...)
 			}
 			st.lo, st.hi, st.resize = min(size, ns), math.MaxInt64, true
+		case k < 86: // O_DIRECT read of whole blocks: reads what the model holds
+			if size < 4096 {
+				continue
+			}
+			off := rng.Int64N(size/4096) * 4096
+			n := min(int64(1+rng.IntN(16))*4096, (size-off)/4096*4096)
+			p := abuf[:n]
+			if _, err := df.ReadAt(p, off); err != nil {
+				return fmt.Errorf("O_DIRECT read %d at %d: %w", n, off, err)
+			}
+			if !bytes.Equal(p, d.data[off:off+n]) {
+				return fmt.Errorf("O_DIRECT read %d at %d: differs from what the disk was written", n, off)
+			}
+			continue
 		default: // fsync or fdatasync, on either open file
 			f := bf
 			if rng.IntN(2) == 0 {

@@ -7,6 +7,7 @@ import (
 	"github.com/ncw/directio"
 
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
 
 // Benchmarks of the Disk I/O path on the memory backend, so regressions in
@@ -184,4 +185,77 @@ func BenchmarkHistogramObserveParallel(b *testing.B) {
 			h.Observe(4096)
 		}
 	})
+}
+
+// BenchmarkPlanDo4KiB is the queue-thread path on a memory backend: plan a
+// 4 KiB read or overwrite, perform its I/O through the submission seam
+// (IOPlan.Do: backend.Mem in memory), finish. It must not allocate.
+func BenchmarkPlanDo4KiB(b *testing.B) {
+	for _, write := range []bool{false, true} {
+		name := "read"
+		if write {
+			name = "overwrite"
+		}
+		b.Run(name, func(b *testing.B) {
+			d := benchFilledDisk(b)
+			p := directio.AlignedBlock(4096)
+			var pl IOPlan
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				off := int64(i%16384) * 4096
+				ok := false
+				if write {
+					ok = d.PlanWrite(&pl, p, off, 8)
+				} else {
+					ok = d.PlanRead(&pl, p, off, 8)
+				}
+				if !ok {
+					b.Fatal("not planned")
+				}
+				for k := range pl.IOs {
+					if err := pl.Do(k); err != nil {
+						b.Fatal(err)
+					}
+				}
+				pl.Finish()
+			}
+		})
+	}
+}
+
+// BenchmarkPlanPrepareSQE4KiB is the queue-thread path's CPU cost on a
+// file: plan a 4 KiB read, have the File backend prepare its io_uring
+// entry (not submitted), finish. It must not allocate.
+func BenchmarkPlanPrepareSQE4KiB(b *testing.B) {
+	path := b.TempDir() + "/store.img"
+	if err := FormatPath(path, 256<<20, FormatOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	s, err := OpenPath(path, testOptions())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	d := mustCreate(b, s, "bench.raw", 0)
+	defer d.Close()
+	fill := directio.AlignedBlock(1 << 20)
+	for off := int64(0); off < 16<<20; off += 1 << 20 {
+		if _, err := d.WriteAt(fill, off); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p := directio.AlignedBlock(4096)
+	var pl IOPlan
+	var sqe iouring.SQE
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if !d.PlanRead(&pl, p, int64(i%4096)*4096, 8) {
+			b.Fatal("not planned")
+		}
+		sqe = iouring.SQE{}
+		if !pl.PrepareSQE(&sqe, 0) {
+			b.Fatal("not prepared")
+		}
+		pl.Finish()
+	}
 }

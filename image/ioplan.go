@@ -5,11 +5,15 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
 
 // An IOPlan is a disk read or write turned into I/O on the store's
-// backing that the caller issues itself: the FUSE io_uring transport
-// submits it on its own ring, so that no thread waits in pread or pwrite.
+// backing that the caller issues itself, through the backend's submission
+// seam (backend.Submitter): the FUSE io_uring transport puts each I/O on
+// its own ring where the backend prepares it one (PrepareSQE: File,
+// Device), so that no thread waits in pread or pwrite, and otherwise has
+// the backend perform it at once (Do: Mem, Crash, in memory).
 //
 // Between a successful PlanRead or PlanWrite and Finish or Abort, the plan
 // holds the disk's range as ReadAt and WriteAt do across their backend I/O
@@ -25,11 +29,10 @@ import (
 // An IOPlan is reused from request to request by one goroutine; its zero
 // value is ready.
 type IOPlan struct {
-	// FD is the backing's O_DIRECT descriptor and IOs the I/O to issue on
-	// it: reads into, or writes from, the buffer given to the Plan call.
-	// When every one has transferred all of its Buf, the request is done:
-	// N bytes of the disk (N < len(p) for a read at the disk's end).
-	FD  int
+	// IOs is the I/O to issue on the backing (PrepareSQE or Do): reads
+	// into, or writes from, the buffer given to the Plan call. When every
+	// one has transferred all of its Buf, the request is done: N bytes of
+	// the disk (N < len(p) for a read at the disk's end).
 	IOs []BackingIO
 	N   int
 	// Durable says the writes must be durable when they complete (RWF_DSYNC,
@@ -37,6 +40,7 @@ type IOPlan struct {
 	Durable bool
 
 	write bool
+	be    backend.Submitter
 	off   int64
 	d     *disk
 	lr    lockedRange
@@ -55,8 +59,8 @@ type BackingIO struct {
 // are zeroed in p at once. It returns false, with nothing held, when the
 // read does not fit a plan, and ReadAt should serve it: the range or p is
 // not aligned for O_DIRECT (also where the disk ends), it would take more
-// than maxIOs backing reads, the backing has no descriptor, the handle is
-// closed, or a write, punch or truncate holds part of the range (PlanRead
+// than maxIOs backing reads, the backing is not a backend.Submitter (a
+// wrapper whose I/O may block), the handle is closed, or a write, punch or truncate holds part of the range (PlanRead
 // never waits).
 func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 	return h.plan(pl, p, off, maxIOs, false, false)
@@ -85,7 +89,7 @@ func (h *Disk) PlanWriteSync(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 
 func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable bool) bool {
 	d, s := h.d, h.d.s
-	desc, ok := s.be.(backend.Descriptor)
+	sub, ok := s.be.(backend.Submitter)
 	if !ok || checkRange(off, int64(len(p))) != nil || len(p) == 0 || !coalesce.IsAligned(p) {
 		return false
 	}
@@ -115,14 +119,13 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable 
 	nb := d.neighboursLockedMu(first, count)
 	size = d.attr.Size
 	d.mu.RUnlock()
-	fd := desc.FD()
 	decline := func() bool {
 		s.unallocate(sc.allocs)
 		putScratch(sc)
 		lr.unlock()
 		return false
 	}
-	if fd < 0 || off+n > size {
+	if off+n > size {
 		return decline()
 	}
 	segs := sc.segs // what the I/O goes to
@@ -148,13 +151,36 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable 
 	if !write {
 		zeroHoles(buf, sc.segs, first, bs)
 	}
-	pl.FD, pl.N, pl.IOs, pl.Durable = fd, int(n), pl.IOs[:0], durable
+	pl.N, pl.IOs, pl.Durable = int(n), pl.IOs[:0], durable
 	for _, r := range sc.runs {
 		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(n))]
 		pl.IOs = append(pl.IOs, BackingIO{Off: s.dataOff + int64(r.Phys*bs), Buf: b})
 	}
-	pl.write, pl.d, pl.lr, pl.held, pl.sc, pl.off, pl.start = write, d, lr, true, sc, off, time.Now()
+	pl.write, pl.be, pl.d, pl.lr, pl.held, pl.sc, pl.off, pl.start = write, sub, d, lr, true, sc, off, time.Now()
 	return true
+}
+
+// backendIO is the plan's i-th I/O as the backend takes it.
+func (pl *IOPlan) backendIO(i int) backend.IO {
+	io := pl.IOs[i]
+	return backend.IO{Off: io.Off, Buf: io.Buf, Write: pl.write, Durable: pl.Durable}
+}
+
+// PrepareSQE fills sqe, a zeroed entry of the caller's io_uring, with the
+// plan's i-th I/O when the backend can take it there (backend.Submitter:
+// File and Device); the caller sets UserData and submits it. False: the
+// caller issues it with Do instead. Only between a successful Plan call
+// and Finish or Abort.
+func (pl *IOPlan) PrepareSQE(sqe *iouring.SQE, i int) bool {
+	return pl.be.PrepareSQE(sqe, pl.backendIO(i))
+}
+
+// Do performs the plan's i-th I/O synchronously through the backend. After
+// PrepareSQE said false it does not wait for a device (see
+// backend.Submitter), so a thread that must not block may call it. An
+// error means the plan must be aborted.
+func (pl *IOPlan) Do(i int) error {
+	return pl.be.Do(pl.backendIO(i))
 }
 
 func hasHole(sc *scratch) bool {
@@ -211,7 +237,7 @@ func (pl *IOPlan) Abort() {
 	pl.d.s.unallocate(pl.sc.allocs) // blocks for holes, never mapped
 	pl.lr.unlock()
 	putScratch(pl.sc)
-	pl.d, pl.sc, pl.lr = nil, nil, lockedRange{}
+	pl.d, pl.sc, pl.lr, pl.be = nil, nil, lockedRange{}, nil
 	clear(pl.IOs) // let go of the caller's buffers
 	pl.IOs = pl.IOs[:0]
 }

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/ncw/directio"
-	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
 
-// TestPlanRead: a plan's backing reads, issued by hand on its descriptor,
+// TestPlanRead: a plan's backing reads, issued by hand through the backend (IOPlan.Do),
 // give what ReadAt gives (data, holes, punched blocks); the plan holds its
 // range shared until Finish or Abort, so a write or punch of it cannot
 // start meanwhile, and PlanRead declines instead of waiting when one holds
@@ -43,9 +46,9 @@ func TestPlanRead(t *testing.T) {
 		if !h.PlanRead(&rp, got, c.off, 8) {
 			t.Fatalf("read %d at %d: not planned", c.n, c.off)
 		}
-		for _, io := range rp.IOs {
-			if n, err := unix.Pread(rp.FD, io.Buf, io.Off); err != nil || n != len(io.Buf) {
-				t.Fatalf("backing read %d at %d: %d, %v", len(io.Buf), io.Off, n, err)
+		for i, io := range rp.IOs {
+			if err := rp.Do(i); err != nil {
+				t.Fatalf("backing read %d at %d: %v", len(io.Buf), io.Off, err)
 			}
 		}
 		first, count := uint64(c.off/bs), uint64(c.n/bs)
@@ -138,9 +141,9 @@ func TestPlanWrite(t *testing.T) {
 	var pl IOPlan
 	issue := func(pl *IOPlan) {
 		t.Helper()
-		for _, io := range pl.IOs {
-			if n, err := unix.Pwrite(pl.FD, io.Buf, io.Off); err != nil || n != len(io.Buf) {
-				t.Fatalf("backing write %d at %d: %d, %v", len(io.Buf), io.Off, n, err)
+		for i, io := range pl.IOs {
+			if err := pl.Do(i); err != nil {
+				t.Fatalf("backing write %d at %d: %v", len(io.Buf), io.Off, err)
 			}
 		}
 	}
@@ -224,7 +227,7 @@ func TestPlanWrite(t *testing.T) {
 }
 
 // newFileStore formats a store file of size bytes in a temporary directory
-// and opens it: plans need a backing with an O_DIRECT descriptor.
+// and opens it, so that plans go through the File backend's seam.
 func newFileStore(t *testing.T, size int64, fo FormatOptions) (string, *Store) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "store.img")
@@ -236,4 +239,82 @@ func newFileStore(t *testing.T, size int64, fo FormatOptions) (string, *Store) {
 		t.Fatal(err)
 	}
 	return path, s
+}
+
+// TestPlanOnMemory: plans go through the backend's submission seam, so
+// they are made on the memory backends too (no descriptor needed): there
+// PrepareSQE says false and Do performs the I/O, which reads back through
+// ReadAt; the File backend prepares an io_uring entry instead. A wrapper
+// that is not a backend.Submitter (its I/O may block) gets no plan.
+func TestPlanOnMemory(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	h := mustCreate(t, ms.s, "a", 1<<20)
+	defer h.Close()
+	bs := int64(ms.s.BlockSize())
+	p := directio.AlignedBlock(int(4 * bs))
+	for i := range p {
+		p[i] = byte(i/int(bs) + 1)
+	}
+	var pl IOPlan
+	if !h.PlanWrite(&pl, p, 2*bs, 8) {
+		t.Fatal("write on a Mem backend not planned")
+	}
+	var sqe iouring.SQE
+	if pl.PrepareSQE(&sqe, 0) || sqe != (iouring.SQE{}) {
+		t.Fatal("Mem prepared an io_uring entry")
+	}
+	for i := range pl.IOs {
+		if err := pl.Do(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pl.Finish()
+	got := make([]byte, len(p))
+	if _, err := h.ReadAt(got, 2*bs); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("planned write on Mem reads back wrong (%v)", err)
+	}
+	q := directio.AlignedBlock(int(4 * bs))
+	if !h.PlanRead(&pl, q, 2*bs, 8) {
+		t.Fatal("read on a Mem backend not planned")
+	}
+	for i := range pl.IOs {
+		if err := pl.Do(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pl.Finish()
+	if !bytes.Equal(q, p) {
+		t.Fatal("planned read on Mem differs from the planned write")
+	}
+
+	// A wrapper embedding a Backend is not a Submitter: declined.
+	mem := backend.NewMem(64 << 20)
+	if err := Format(mem, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(struct{ backend.Backend }{mem}, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	hw := mustCreate(t, s, "w", 1<<20)
+	defer hw.Close()
+	if hw.PlanWrite(&pl, p, 0, 8) || hw.PlanRead(&pl, q, 0, 8) {
+		t.Fatal("planned on a backend that is not a Submitter")
+	}
+
+	// The File backend prepares an entry with its descriptor and the I/O.
+	_, fs := newFileStore(t, 64<<20, FormatOptions{})
+	defer fs.Close()
+	hf := mustCreate(t, fs, "f", 1<<20)
+	defer hf.Close()
+	if !hf.PlanWriteSync(&pl, p, 0, 8) && !hf.PlanWrite(&pl, p, 0, 8) {
+		t.Fatal("write on a File backend not planned")
+	}
+	if !pl.PrepareSQE(&sqe, 0) || sqe.Opcode != iouring.OpWrite || sqe.Fd < 0 ||
+		sqe.Off != uint64(pl.IOs[0].Off) || sqe.Len != uint32(len(pl.IOs[0].Buf)) ||
+		sqe.Addr != uint64(uintptr(unsafe.Pointer(&pl.IOs[0].Buf[0]))) {
+		t.Fatalf("File's entry for %d bytes at %d: %+v", len(pl.IOs[0].Buf), pl.IOs[0].Off, sqe)
+	}
+	pl.Abort()
 }

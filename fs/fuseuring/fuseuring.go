@@ -24,7 +24,11 @@
 // READ and WRITE requests the IOServer can map without waiting (aligned,
 // the range free, blocks for any holes at hand) the owner serves itself: it
 // submits their backing I/O on the same ring, straight into or out of the
-// entry's payload buffer, and when that completes it queues the reply.
+// entry's payload buffer, and when that completes it queues the reply. The
+// backend prepares each ring entry (backend.Submitter.PrepareSQE; the
+// backing's descriptor stays inside package backend); a backend without a
+// ring (the memory and crash backends of tests) performs the I/O at once
+// on the owner instead (Do), and the reply is queued right away.
 // A small request's backing I/O (under 64 KiB) goes to the device at
 // once, in an io_uring_enter of its own: io_uring plugs the block layer
 // around a batch of three or more, and no request of a batch reaches the
@@ -151,9 +155,10 @@ type Options struct {
 }
 
 // IOServer lets a queue's owner serve READ and WRITE requests without a
-// worker: the request is mapped to I/O on a file descriptor (the store's
-// backing) that the owner submits on its own ring, together with the
-// replies, so the commonest requests cost no goroutine hand-off and no
+// worker: the request is mapped to I/O on the store's backing, which the
+// owner submits through the backend's seam (image.IOPlan.PrepareSQE) on its
+// own ring, together with the replies (or, on a memory backend, has the
+// backend perform at once: image.IOPlan.Do), so the commonest requests cost no goroutine hand-off and no
 // thread blocked in pread or pwrite. Requests it declines, and requests
 // whose backing I/O fails or comes back short, go to a worker as usual.
 type IOServer interface {
@@ -171,8 +176,9 @@ type IO interface {
 	// include O_DSYNC or O_SYNC for RWF_DSYNC or RWF_SYNC). False, with
 	// nothing held: a worker serves the request.
 	Start(nodeID, off uint64, buf []byte, write bool, flags uint32, maxIOs int) bool
-	// Plan is the started request: the I/O to issue on its FD, and the
-	// reply's byte count once all of it has transferred in full.
+	// Plan is the started request: the I/O to issue through the backend
+	// (PrepareSQE, else Do), and the reply's byte count once all of it has
+	// transferred in full.
 	Plan() *image.IOPlan
 	// End ends a started request; ok says whether every I/O completed in
 	// full (false: a worker serves the request again).
@@ -188,6 +194,7 @@ type Transport struct {
 	queues []*queue
 
 	ownerReads, ownerWrites atomic.Uint64 // requests served on the owner threads
+	ownerRetries            atomic.Uint64 // owner requests whose I/O failed, handed to a worker
 }
 
 // OwnerIO is the number of READ and WRITE requests the queues' owners
@@ -195,6 +202,11 @@ type Transport struct {
 func (t *Transport) OwnerIO() (reads, writes uint64) {
 	return t.ownerReads.Load(), t.ownerWrites.Load()
 }
+
+// OwnerRetries is the number of READ and WRITE requests the queues'
+// owners started whose backing I/O failed or came back short, and which a
+// worker then served again (with ReadAt or WriteAt, which report).
+func (t *Transport) OwnerRetries() uint64 { return t.ownerRetries.Load() }
 
 // Available says whether this kernel offers FUSE-over-io_uring to servers
 // (the fuse module's enable_uring parameter), and why not when it does not.
@@ -335,6 +347,7 @@ type queue struct {
 	// served, to be committed. Only the owner uses them.
 	ownerIO int
 	replies []*entry
+	sqe     iouring.SQE // scratch for the backend's PrepareSQE (no allocation per I/O)
 }
 
 // entry is one registered request slot.
@@ -566,24 +579,26 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		return false
 	}
 	plan := e.io.Plan()
-	e.ioPending, e.ioFailed = len(plan.IOs), false
+	// Each I/O goes on the ring where the backend prepares it an entry
+	// (the store's file or device); otherwise the backend performs it now
+	// (memory backends: no device to wait for), and a request done that
+	// way is replied to at once.
+	e.ioPending, e.ioFailed = 0, false
+	for i := range plan.IOs {
+		q.sqe = iouring.SQE{}
+		if plan.PrepareSQE(&q.sqe, i) {
+			q.sqe.UserData = ioTag | uint64(e.idx)<<16 | uint64(i)
+			rg.Put(q.sqe)
+			e.ioPending++
+		} else if plan.Do(i) != nil {
+			e.ioFailed = true // the worker's ReadAt or WriteAt retries and reports
+		}
+	}
 	if e.ioPending == 0 {
 		q.endIO(e)
 		return true
 	}
 	q.ownerIO++
-	opcode, rwFlags := uint8(iouring.OpRead), uint32(0)
-	if write {
-		opcode = iouring.OpWrite
-	}
-	if plan.Durable {
-		rwFlags = unix.RWF_DSYNC // a FUA write: durable when it completes
-	}
-	for i, io := range plan.IOs {
-		rg.Put(iouring.SQE{Opcode: opcode, Fd: int32(plan.FD), Off: uint64(io.Off), RWFlags: rwFlags,
-			Addr: uint64(uintptr(unsafe.Pointer(&io.Buf[0]))), Len: uint32(len(io.Buf)),
-			UserData: ioTag | uint64(e.idx)<<16 | uint64(i)})
-	}
 	if size < submitAtOnce {
 		q.enter(rg, false)
 	}
@@ -609,6 +624,7 @@ func (q *queue) ioDone(c iouring.CQE) {
 func (q *queue) endIO(e *entry) {
 	if e.ioFailed {
 		e.io.End(false)
+		q.t.ownerRetries.Add(1)
 		q.toWorker(e)
 		return
 	}

@@ -46,20 +46,6 @@ type Backend interface {
 	Close() error
 }
 
-// Descriptor is implemented by the backends with an O_DIRECT file descriptor
-// (File and Device), for callers that issue data reads on their own io_uring.
-// Such reads follow ReadAt's alignment rules and must be submitted before
-// Close: after it the number may belong to an unrelated file.
-type Descriptor interface {
-	FD() int
-}
-
-// Compile-time checks that every implementation is a Backend.
-var (
-	_ Descriptor = (*File)(nil)
-	_ Descriptor = (*Device)(nil)
-)
-
 // Compile-time checks that every implementation is a Backend.
 var (
 	_ Backend = (*File)(nil)

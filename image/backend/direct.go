@@ -114,14 +114,6 @@ func (d *direct) Close() error {
 	return nil
 }
 
-// FD is the O_DIRECT descriptor, for callers that issue data reads on
-// their own io_uring (see Descriptor); -1 after Close.
-func (d *direct) FD() int {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.mu.fd
-}
-
 // withFD runs f with the open descriptor, holding d.mu for reading. After
 // Close it returns ErrClosed.
 func (d *direct) withFD(f func(fd int) error) error {

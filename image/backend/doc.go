@@ -63,6 +63,37 @@
 // a WriteAt has completed (its CQE is reaped) before it returns, so a
 // later Flush covers it.
 //
+// # Submission
+//
+// Data I/O (IO: a read into or a write from a caller's buffer) has one
+// seam, whichever thread issues it. Do(b, io) performs an IO synchronously
+// on any Backend through ReadAt, WriteAt or WriteAtDurable. A Submitter
+// (File, Device, Mem, Crash) also takes IOs from a submission loop that
+// must not block, such as a FUSE-over-io_uring queue's owner thread:
+//
+//   - PrepareSQE fills an entry of the caller's io_uring with the IO.
+//     File and Device do so while open (a read or write of their O_DIRECT
+//     descriptor, RWF_DSYNC for a Durable write); Mem and Crash never do.
+//     The caller submits the entry before Close, keeps the buffer valid
+//     until the completion arrives on its ring, and treats a completion
+//     of anything but len(Buf) bytes as a failure. The descriptor never
+//     leaves this package: only the entry carries it, to the kernel.
+//   - Do performs the IO at once when PrepareSQE says false: in memory for
+//     Mem and Crash (through Crash's fault function and op log, so
+//     injected errors and power cuts see it), and for File and Device,
+//     which say false only when closed or for an IO that breaks the rules,
+//     an error without any I/O. So on a Submitter, Do after a false
+//     PrepareSQE never waits for a device.
+//
+// Alignment is ReadAt's (multiples of SectorSize() for offset, length and
+// buffer address). Durable is WriteAtDurable's promise: the IO's bytes are
+// durable when it completes, and no other write is made durable by it.
+// Either way an IO is unordered with respect to other IOs in flight; a
+// Flush covers the IOs whose completion the caller has seen before
+// calling it. A wrapper that embeds a Backend (a test's gate or delay) is
+// not a Submitter, since its methods may block: callers that must not
+// block serve such a backend's requests elsewhere, with ReadAt and WriteAt.
+//
 // # Opening, locking and errors
 //
 // Open takes flock(LOCK_EX|LOCK_NB) on the backing (LOCK_SH when read-only)

@@ -1,0 +1,120 @@
+package backend
+
+import (
+	"math"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/internal/iouring"
+)
+
+// IO is one data transfer between a caller's buffer and the backing: a
+// read into Buf, or a write of Buf, of len(Buf) bytes at Off. Off, len(Buf)
+// and the address of Buf follow ReadAt's rules (multiples of SectorSize()
+// for File and Device, and for Mem and Crash after CheckAlignment).
+type IO struct {
+	Off   int64
+	Buf   []byte
+	Write bool
+	// Durable (writes only) asks for WriteAtDurable's promise: the bytes
+	// are durable when the I/O completes (RWF_DSYNC, a FUA write), and no
+	// other write is made durable by it.
+	Durable bool
+}
+
+// A Submitter is a backend whose data I/O may be issued from a submission
+// loop that must not block, such as a FUSE-over-io_uring queue's owner
+// thread: it either puts the I/O on the caller's io_uring (PrepareSQE) or
+// performs it at once without waiting for a device (Do). See the package
+// documentation, "Submission".
+type Submitter interface {
+	Backend
+	// PrepareSQE fills sqe, a zeroed entry of the caller's io_uring, with
+	// io: Opcode, Fd, Off, Addr, Len and RWFlags (RWF_DSYNC when
+	// io.Durable). The caller sets UserData (and may set Flags), submits
+	// it before Close, and keeps io.Buf valid until its completion, whose
+	// Res is the bytes transferred or -errno; anything but len(io.Buf) is
+	// a failure. False, with sqe untouched: the backend cannot take io on
+	// a ring (it has none, it is closed, or io breaks the rules) and the
+	// caller uses Do instead.
+	PrepareSQE(sqe *iouring.SQE, io IO) bool
+	// Do performs io synchronously, transferring all of io.Buf or
+	// failing, as ReadAt, WriteAt or WriteAtDurable would. On a backend
+	// whose PrepareSQE can say false for a valid io while open (Mem,
+	// Crash), Do never waits for a device: it may be called on a thread
+	// that must not block.
+	Do(io IO) error
+}
+
+// Compile-time checks that every backend that may stand under a
+// submission loop is a Submitter.
+var (
+	_ Submitter = (*File)(nil)
+	_ Submitter = (*Device)(nil)
+	_ Submitter = (*Mem)(nil)
+	_ Submitter = (*Crash)(nil)
+)
+
+// Do performs io synchronously on any backend through its ReadAt, WriteAt
+// or WriteAtDurable: the synchronous form of the submission seam, which a
+// wrapper that is not a Submitter (a test's gate or delay) implements by
+// being a Backend.
+func Do(b Backend, io IO) error {
+	var err error
+	switch {
+	case !io.Write:
+		_, err = b.ReadAt(io.Buf, io.Off)
+	case io.Durable:
+		_, err = b.WriteAtDurable(io.Buf, io.Off)
+	default:
+		_, err = b.WriteAt(io.Buf, io.Off)
+	}
+	return err
+}
+
+// Do performs io with pread or pwrite on the caller's thread.
+func (f *File) Do(io IO) error { return Do(f, io) }
+
+// Do performs io with pread or pwrite on the caller's thread.
+func (d *Device) Do(io IO) error { return Do(d, io) }
+
+// Do performs io in memory.
+func (m *Mem) Do(io IO) error { return Do(m, io) }
+
+// Do performs io in memory, through the fault function and into the op
+// log as ReadAt, WriteAt and WriteAtDurable do.
+func (c *Crash) Do(io IO) error { return Do(c, io) }
+
+// PrepareSQE always says false: Mem has no descriptor; Do is in memory.
+func (m *Mem) PrepareSQE(*iouring.SQE, IO) bool { return false }
+
+// PrepareSQE always says false: every operation must go through the fault
+// function and the op log, which Do does.
+func (c *Crash) PrepareSQE(*iouring.SQE, IO) bool { return false }
+
+// PrepareSQE puts io on the caller's ring as a read or write of the
+// O_DIRECT descriptor. It says false after Close, for an empty or
+// misaligned io and for a write on a read-only backing: Do reports those.
+func (d *direct) PrepareSQE(sqe *iouring.SQE, io IO) bool {
+	n := int64(len(io.Buf))
+	if n == 0 || n > math.MaxUint32 || d.checkIO(io.Off, n, io.Buf, io.Write) != nil {
+		return false
+	}
+	d.mu.RLock()
+	fd := d.mu.fd
+	d.mu.RUnlock()
+	if fd < 0 {
+		return false
+	}
+	sqe.Opcode = iouring.OpRead
+	if io.Write {
+		sqe.Opcode = iouring.OpWrite
+		if io.Durable {
+			sqe.RWFlags = unix.RWF_DSYNC // durable when it completes
+		}
+	}
+	sqe.Fd, sqe.Off, sqe.Len = int32(fd), uint64(io.Off), uint32(n)
+	sqe.Addr = uint64(uintptr(unsafe.Pointer(&io.Buf[0])))
+	return true
+}
