@@ -180,7 +180,10 @@ func (d *disk) writeLockedRange(sc *scratch, p []byte, off int64, mayFUA bool) (
 
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
-	nb := d.neighboursLockedMu(first, count)
+	var nb neighbours // only holes to fill need them
+	if hasHole(sc) {
+		nb = d.neighboursLockedMu(first, count)
+	}
 	d.mu.RUnlock()
 	countLookup(c, sc.segs)
 

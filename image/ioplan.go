@@ -116,7 +116,10 @@ func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable 
 	sc := getScratch()
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
-	nb := d.neighboursLockedMu(first, count)
+	var nb neighbours // only holes to fill need them: not on the read path
+	if write && hasHole(sc) {
+		nb = d.neighboursLockedMu(first, count)
+	}
 	size = d.attr.Size
 	d.mu.RUnlock()
 	decline := func() bool {

@@ -7,6 +7,7 @@
 # ramp. Workloads (fio libaio, O_DIRECT): 1 MiB sequential write and read
 # at iodepth 16, 4 KiB random read and write at iodepth 32. It prints each
 # pair's MB/s and the median and range of the per-pair ratios NEW/OLD.
+# WORKLOADS="randread-4k-qd32 ..." runs only those.
 # OLD and NEW are paths of vdisk binaries (build one from an older commit
 # with `git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o
 # /tmp/vdisk-old ./cmd/vdisk)`). Needs root, /dev/fuse, fio and python3;
@@ -25,7 +26,7 @@ fio --name=layout --filename="$mnt/ab.raw" --size=2G --rw=write --bs=1M --iodept
 	--direct=1 --ioengine=libaio --end_fsync=1 >/dev/null
 "$new" umount "$mnt"
 
-workloads=(seqwrite-1m-qd16 seqread-1m-qd16 randread-4k-qd32 randwrite-4k-qd32)
+read -r -a workloads <<<"${WORKLOADS:-seqwrite-1m-qd16 seqread-1m-qd16 randread-4k-qd32 randwrite-4k-qd32}"
 run() { # run WORKLOAD OUT
 	local rw bs qd
 	case $1 in
