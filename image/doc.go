@@ -42,9 +42,13 @@
 //
 // # Keeping large I/O large
 //
-// Maps hold extents (package blockmap). The allocator places a write right
-// after the physical end of the disk's previous extent when it can, so a
-// sequential stream stays one extent, and package coalesce turns a request's
+// Maps hold extents (package blockmap). Placement follows the virtual
+// offset, not the order of the writes: a hole is aimed at its nearest
+// mapped neighbour's physical block plus the virtual distance (the extent
+// before it, else the one after), and a disk with nothing mapped gets one
+// layout base, outside the layouts other disks follow (allocHoles). So a
+// sequential stream stays one extent, a disk filled in random order too
+// where its layout is free, and package coalesce turns a request's
 // lookup segments into one backend I/O per physically contiguous run. A
 // block-aligned request whose buffer is 4 KiB aligned in memory (what
 // go-fuse hands over) goes to O_DIRECT without a copy; anything else goes
