@@ -199,16 +199,7 @@ func TestGroupCommit(t *testing.T) {
 // checked by cutting power right after it returns, dropping every write
 // not made durable.
 func TestWriteAtSync(t *testing.T) {
-	c := backend.NewCrash(64 << 20)
-	c.CheckAlignment(512)
-	if err := Format(c, FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(c, testOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	c, s := crashStore(t, 64<<20)
 	d := mustCreate(t, s, "a", 1<<20)
 	defer d.Close()
 	old := bytes.Repeat([]byte{0x11}, 8192)

@@ -65,23 +65,36 @@ func (h *Disk) ZeroRange(off, n int64, keepSize bool) error {
 	return h.d.punch(off, n, keepSize)
 }
 
-func (d *disk) punch(off, n int64, keepSize bool) error {
+// lockChange starts a punch, zero range or allocation (op) of [off, off+n):
+// it checks the range and that the store takes writes, locks the range's
+// blocks exclusively and returns the disk's size under that lock. With
+// n == 0 it holds nothing and returns no error: there is nothing to do.
+func (d *disk) lockChange(op string, off, n int64) (lr lockedRange, size int64, err error) {
 	s := d.s
 	if err := checkRange(off, n); err != nil {
-		return fmt.Errorf("disk %d punch: %w", d.id, err)
+		return lockedRange{}, 0, fmt.Errorf("disk %d %s: %w", d.id, op, err)
 	}
 	if n == 0 {
-		return nil
+		return lockedRange{}, 0, nil
 	}
 	if err := s.writable(); err != nil {
-		return fmt.Errorf("disk %d punch: %w", d.id, err)
+		return lockedRange{}, 0, fmt.Errorf("disk %d %s: %w", d.id, op, err)
 	}
 	first, count := coalesce.BlockRange(uint64(off), uint64(n), s.bs)
-	lr := d.ranges.lock(first, count, true)
-	defer lr.unlock()
+	lr = d.ranges.lock(first, count, true)
 	d.mu.RLock()
-	size := d.attr.Size
+	size = d.attr.Size
 	d.mu.RUnlock()
+	return lr, size, nil
+}
+
+func (d *disk) punch(off, n int64, keepSize bool) error {
+	s := d.s
+	lr, size, err := d.lockChange("punch", off, n)
+	if err != nil || n == 0 {
+		return err
+	}
+	defer lr.unlock()
 
 	end := min(off+n, size)
 	if off < end {
@@ -230,27 +243,17 @@ func (h *Disk) Allocate(off, n int64, keepSize bool) error {
 		return err
 	}
 	d, s := h.d, h.d.s
-	if err := checkRange(off, n); err != nil {
-		return fmt.Errorf("disk %d allocate: %w", d.id, err)
+	lr, size, err := d.lockChange("allocate", off, n)
+	if err != nil || n == 0 {
+		return err
 	}
-	if n == 0 {
-		return nil
-	}
-	if err := s.writable(); err != nil {
-		return fmt.Errorf("disk %d allocate: %w", d.id, err)
-	}
-	first, count := coalesce.BlockRange(uint64(off), uint64(n), s.bs)
-	lr := d.ranges.lock(first, count, true)
 	defer lr.unlock()
-	d.mu.RLock()
-	size := d.attr.Size
-	d.mu.RUnlock()
 	end := off + n
 	if keepSize {
 		end = min(end, size)
 	}
 	if off < end {
-		first, count = coalesce.BlockRange(uint64(off), uint64(end-off), s.bs)
+		first, count := coalesce.BlockRange(uint64(off), uint64(end-off), s.bs)
 		if err := d.allocateZeroedLockedRange(first, count); err != nil {
 			return fmt.Errorf("disk %d allocate [%d,+%d): %w", d.id, off, n, err)
 		}
