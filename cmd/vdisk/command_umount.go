@@ -156,9 +156,13 @@ func waitDaemonClosed(pid int, store string, timeout time.Duration) error {
 	// waited for to exit: its clearing the owner record is what counts.
 	self := pid == os.Getpid()
 	for {
+		// Whether it exited first, the owner record after: read the other
+		// way round, a daemon that closed and exited between the two reads
+		// would look as if it had exited without closing.
+		gone := !self && exited(pid)
 		h, open := image.ReadHolder(store)
 		stillOwner := open && h.PID == pid
-		if self && !stillOwner || !self && exited(pid) {
+		if self && !stillOwner || gone {
 			if stillOwner {
 				return fmt.Errorf("its daemon (pid %d) exited without closing the store %s cleanly (see its log); the next open replays the journal, and vdisk fsck %s checks it", pid, store, store)
 			}
