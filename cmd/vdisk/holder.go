@@ -45,6 +45,11 @@ func (e *env) openPath(path string, opts image.Options) (*image.Store, error) {
 		}
 		h, ok := closingHolder(path)
 		if !ok {
+			// The holder may have closed and exited since the lock was
+			// refused (its record then says so): one more try decides.
+			if s, err2 := image.OpenPath(path, opts); !errors.Is(err2, backend.ErrLocked) {
+				return s, err2
+			}
 			return nil, err
 		}
 		if deadline.IsZero() {
