@@ -127,7 +127,11 @@ func runCrash(t *testing.T, seed uint64, steps int) int {
 				delete(live, name)
 				delete(data, name)
 			}
-			if nextTag > 15 {
+			if nextTag > 15 { // no tags left: the disk stays removed
+				if exists {
+					st.end, st.lifecycle = c.OpCount(), true
+					log = append(log, st)
+				}
 				continue
 			}
 			info, err := s.Create(name, 0, Attr{Mode: 0o644})
