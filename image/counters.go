@@ -60,7 +60,10 @@ type Shard struct {
 	// per physically contiguous stretch).
 	CoalescePieces, CoalesceRuns atomic.Uint64
 
-	// Backend data I/O, by size in bytes and by latency in nanoseconds.
+	// Backend data I/O, by size in bytes and by latency in nanoseconds:
+	// each I/O once, timed from its plan's submission to the plan's
+	// completion (IOPlan.Finish), so the I/Os of one plan, issued
+	// together on a ring or one after another by ReadAt, share one time.
 	DataReadSize, DataWriteSize       Histogram
 	DataReadLatency, DataWriteLatency Histogram
 	// DurableWrites are the data writes made durable on their own (FUA),

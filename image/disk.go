@@ -100,6 +100,7 @@ type scratch struct {
 	runs   []coalesce.Run
 	allocs []pext
 	freed  []blockmap.Extent
+	ios    []BackingIO // an IOPlan's, while it is held
 	shard  uint32 // the counter shard this scratch's requests count into
 }
 
@@ -124,7 +125,7 @@ func newScratch() any {
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
 func putScratch(sc *scratch) {
-	sc.segs, sc.out, sc.runs, sc.allocs, sc.freed = sc.segs[:0], sc.out[:0], sc.runs[:0], sc.allocs[:0], sc.freed[:0]
+	sc.segs, sc.out, sc.runs, sc.allocs, sc.freed, sc.ios = sc.segs[:0], sc.out[:0], sc.runs[:0], sc.allocs[:0], sc.freed[:0], sc.ios[:0]
 	scratchPool.Put(sc)
 }
 

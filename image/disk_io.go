@@ -10,70 +10,27 @@ import (
 
 // ReadAt reads len(p) bytes at off. Like a file, it returns io.EOF when the
 // read reaches the end of the disk. Holes read as zeros without I/O.
+//
+// It is a plan (IOPlan) made waiting as needed, whose I/O the caller's
+// goroutine performs through the backend.
 func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
-	if err := h.live(); err != nil {
+	var pl IOPlan
+	switch err := h.prepare(&pl, p, off, planMode{wait: true}); {
+	case err == errEmpty:
+		return 0, nil
+	case err != nil:
 		return 0, err
 	}
-	if err := checkRange(off, int64(len(p))); err != nil {
-		return 0, fmt.Errorf("disk %d read: %w", h.d.id, err)
+	n := pl.N
+	if err := pl.run(); err != nil {
+		pl.Abort()
+		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", h.d.id, n, off, err)
 	}
-	d, s := h.d, h.d.s
-	d.mu.RLock()
-	size := d.attr.Size
-	d.mu.RUnlock()
-	if off >= size {
-		return 0, io.EOF
+	pl.Finish()
+	if n < len(p) {
+		return n, io.EOF
 	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	n := min(int64(len(p)), size-off)
-	bs := s.bs
-	first, count := coalesce.BlockRange(uint64(off), uint64(n), bs)
-	lr := d.ranges.lock(first, count, false)
-	defer lr.unlock()
-	sc := getScratch()
-	defer putScratch(sc)
-	c := s.stats.shard(sc)
-	d.mu.RLock()
-	sc.segs = d.m.Lookup(sc.segs, first, count)
-	d.mu.RUnlock()
-	countLookup(c, sc.segs)
-
-	buf := p[:n]
-	aligned := uint64(off)%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
-	if !aligned {
-		buf = s.pool.Get(int(count * bs))
-		defer s.pool.Put(buf)
-	}
-	if err := s.readRuns(c, sc, buf, first); err != nil {
-		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", d.id, n, off, err)
-	}
-	if !aligned {
-		copy(p, buf[uint64(off)-first*bs:])
-	}
-	d.countRequest(sc, false, uint64(n))
-	if n < int64(len(p)) {
-		return int(n), io.EOF
-	}
-	return int(n), nil
-}
-
-// readRuns fills buf (covering virtual blocks from first on, per the
-// segments in sc.segs) from the backend, zeroing the holes. It counts
-// into c.
-func (s *Store) readRuns(c *Shard, sc *scratch, buf []byte, first uint64) error {
-	bs := s.bs
-	zeroHoles(buf, sc.segs, first, bs)
-	sc.runs = coalesce.Runs(sc.runs[:0], sc.segs, first, bs, maxRunBytes/bs)
-	countCoalesce(c, sc.segs, sc.runs)
-	for _, r := range sc.runs {
-		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(len(buf)))]
-		if err := s.readData(c, b, r.Phys); err != nil {
-			return err
-		}
-	}
-	return nil
+	return n, nil
 }
 
 // WriteAt writes p at off, growing the disk if the write ends past its size.
@@ -114,28 +71,24 @@ func (h *Disk) WriteAtSync(p []byte, off int64, all bool) (int, error) {
 	return n, nil
 }
 
-// write is WriteAt; with mayFUA an overwrite in place of blocks whose
-// mappings are durable uses durable writes, and durable says it did.
-func (h *Disk) write(p []byte, off int64, mayFUA bool) (n int, durable bool, err error) {
-	if err := h.live(); err != nil {
-		return 0, false, err
-	}
-	if err := checkRange(off, int64(len(p))); err != nil {
-		return 0, false, fmt.Errorf("disk %d write: %w", h.d.id, err)
-	}
-	if len(p) == 0 {
+// write is WriteAt; with fua an overwrite in place of blocks whose
+// mappings are durable uses durable writes, and durable says it did. Like
+// ReadAt, it is a plan made waiting as needed and performed on the
+// caller's goroutine.
+func (h *Disk) write(p []byte, off int64, fua bool) (n int, durable bool, err error) {
+	var pl IOPlan
+	switch err := h.prepare(&pl, p, off, planMode{write: true, fua: fua, wait: true}); {
+	case err == errEmpty:
 		return 0, false, nil
-	}
-	d := h.d
-	first, count := coalesce.BlockRange(uint64(off), uint64(len(p)), d.s.bs)
-	lr := d.ranges.lock(first, count, true)
-	defer lr.unlock()
-	sc := getScratch()
-	defer putScratch(sc)
-	if durable, err = d.writeLockedRange(sc, p, off, mayFUA); err != nil {
+	case err != nil:
 		return 0, false, err
 	}
-	d.countRequest(sc, true, uint64(len(p)))
+	if err := pl.run(); err != nil {
+		pl.Abort()
+		return 0, false, fmt.Errorf("disk %d write %d bytes at %d: %w", h.d.id, len(p), off, err)
+	}
+	durable = pl.Durable
+	pl.Finish()
 	return len(p), durable, nil
 }
 
@@ -163,75 +116,6 @@ func zeroHoles(buf []byte, segs []blockmap.Segment, first, bs uint64) {
 			clear(buf[lo:min(lo+sg.Len*bs, uint64(len(buf)))])
 		}
 	}
-}
-
-// writeLockedRange is write with the range lock already held: caller holds
-// an exclusive range lock over the write's blocks, and gives a scratch of
-// its own (empty).
-func (d *disk) writeLockedRange(sc *scratch, p []byte, off int64, mayFUA bool) (durable bool, err error) {
-	s := d.s
-	if err := s.writable(); err != nil {
-		return false, fmt.Errorf("disk %d write: %w", d.id, err)
-	}
-	bs := s.bs
-	uoff, n := uint64(off), uint64(len(p))
-	first, count := coalesce.BlockRange(uoff, n, bs)
-	c := s.stats.shard(sc)
-
-	d.mu.RLock()
-	sc.segs = d.m.Lookup(sc.segs, first, count)
-	var nb neighbours // only holes to fill need them
-	if hasHole(sc) {
-		nb = d.neighboursLockedMu(first, count)
-	}
-	d.mu.RUnlock()
-	countLookup(c, sc.segs)
-
-	// The buffer covering whole blocks [first, first+count): the caller's
-	// own when the write is block-aligned in offset, length and memory;
-	// else a pooled one in which every block the write covers only in
-	// part (a partial span of Split, at most two) is first read, or
-	// zeroed for a hole, and then the write copied over.
-	buf := p
-	if uoff%bs != 0 || n%bs != 0 || !coalesce.IsAligned(p) {
-		buf = s.pool.Get(int(count * bs))
-		defer s.pool.Put(buf)
-		spans := coalesce.Split(uoff, n, bs)
-		for _, sp := range spans.All() {
-			if !sp.Partial {
-				continue
-			}
-			lo := (sp.Block - first) * bs
-			if err := s.fillBlock(c, buf[lo:lo+bs], sc.segs, sp.Block); err != nil {
-				return false, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
-			}
-		}
-		copy(buf[uoff-first*bs:], p)
-	}
-
-	if err := s.allocHoles(sc, nb, true); err != nil {
-		return false, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
-	}
-	// A synchronous overwrite in place needs nothing journalled when the
-	// mappings it writes through are durable: then the data only has to
-	// be, and durable writes make it so (WriteAtSync). The range lock
-	// keeps this range's mappings as they are, and every record that made
-	// them was appended before the lookup.
-	durable = mayFUA && len(sc.allocs) == 0 && !d.grows(off+int64(n)) && s.recordsDurable()
-
-	sc.runs = coalesce.Runs(sc.runs[:0], sc.out, first, bs, maxRunBytes/bs)
-	countCoalesce(c, sc.out, sc.runs)
-	for _, r := range sc.runs {
-		if err := s.writeData(c, buf[r.BufOff:r.BufOff+r.Blocks*bs], r.Phys, durable); err != nil {
-			s.unallocate(sc.allocs)
-			return false, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err)
-		}
-	}
-	s.writeGen.Add(1)
-	d.touch()
-
-	d.publishWriteLockedRange(sc, off+int64(n))
-	return durable, nil
 }
 
 // neighbours are what placement aims by (docs/DESIGN.md, rule 7): the

@@ -40,6 +40,19 @@
 //  6. After a failed flush the store refuses further writes and syncs
 //     (ErrFailed): no later sync may pretend to cover data that was lost.
 //
+// # One data path
+//
+// Every read and write of a disk is an IOPlan (ioplan.go): planned once
+// (range lock, map lookup, read-modify-write of partial blocks, blocks
+// for the holes, coalescing into runs), submitted through the backend's
+// seam (package backend, "Submission"), and finished once (the map and
+// its records published, the counters). Disk.ReadAt and WriteAt make the
+// plan waiting as needed and perform it on the caller's goroutine; the
+// FUSE io_uring queue threads make it without waiting (PlanRead,
+// PlanWrite, PlanWriteSync decline what would need a wait) and submit it
+// on their own rings. So tests that use ReadAt and WriteAt on the memory
+// and crash backends run the same planning and finishing as a mount.
+//
 // # Keeping large I/O large
 //
 // Maps hold extents (package blockmap). Placement follows the virtual
@@ -81,7 +94,7 @@
 // around a journalled change):
 //
 //	...LockedRange   the disk's range lock over the blocks it touches
-//	                 (writeLockedRange, setSizeLockedRange)
+//	                 (publishWriteLockedRange, setSizeLockedRange)
 //	...LockedCommit  Store.commitMu (commitLockedCommit, checkpointLockedCommit)
 //	...LockedCut     Store.cut, shared or exclusive as the doc line says
 //	                 (lockNamedLockedCut, collectRefsLockedCut)

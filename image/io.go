@@ -5,8 +5,11 @@ import (
 	"time"
 )
 
-// Every backend call of the store goes through these helpers, which count
-// it, time it and record its size: the per-layer telemetry of the backend.
+// The data I/O of a plan (IOPlan) is counted by Finish; the single-block
+// reads and writes outside a plan (the read-modify-write of a partial
+// block, the zeroing of a tail) go through these helpers. Both count the
+// same way: each backend I/O once, its size, and its latency from
+// submission to completion; a failure counts an error.
 
 // readData reads len(p) bytes at physical block phys, counting into c.
 func (s *Store) readData(c *Shard, p []byte, phys uint64) error {

@@ -1,6 +1,9 @@
 package image
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"time"
 
 	"github.com/vdiskfs/vdiskfs/coalesce"
@@ -9,44 +12,59 @@ import (
 )
 
 // An IOPlan is a disk read or write turned into I/O on the store's
-// backing that the caller issues itself, through the backend's submission
-// seam (backend.Submitter): the FUSE io_uring transport puts each I/O on
-// its own ring where the backend prepares it one (PrepareSQE: File,
-// Device), so that no thread waits in pread or pwrite, and otherwise has
-// the backend perform it at once (Do: Mem, Crash, in memory).
+// backing. It is the one data path: every read and write of a disk is
+// planned (range lock, map lookup, read-modify-write of partial blocks,
+// blocks for the holes, coalescing into runs), submitted through the
+// backend's seam (backend.Submitter, or backend.Do for a wrapper that is
+// not one) and finished (the map published with its records, the
+// counters) by the code in this file, whoever asked for it:
 //
-// Between a successful PlanRead or PlanWrite and Finish or Abort, the plan
-// holds the disk's range as ReadAt and WriteAt do across their backend I/O
-// (shared for a read, exclusive for a write): no conflicting write, punch
-// or truncate runs, and the blocks cannot be freed and given to another
-// disk while the caller's I/O is in flight. A write into holes is given
-// new blocks, held in flight as WriteAt holds them: Finish maps them (with
-// their journal records), Abort returns them. The caller must call Finish or
-// Abort once every I/O it issued has completed, and must keep the handle
-// open until then: closing the last handle of an unlinked disk frees its
-// blocks without waiting for plans.
+//   - Disk.ReadAt, WriteAt and WriteAtSync plan waiting as needed, perform
+//     the plan's I/O on the caller's goroutine (run) and finish it;
+//   - the FUSE io_uring transport's queue threads, which must not block,
+//     plan with PlanRead, PlanWrite or PlanWriteSync, which decline what
+//     would need a wait, put each I/O on their own ring where the backend
+//     prepares it an entry (PrepareSQE: File, Device) or have the backend
+//     perform it at once (Do: Mem, Crash), and call Finish or Abort.
 //
-// An IOPlan is reused from request to request by one goroutine; its zero
-// value is ready.
+// Between a successful plan and Finish or Abort, the plan holds the disk's
+// range (shared for a read, exclusive for a write): no conflicting write,
+// punch or truncate runs, and the blocks cannot be freed and given to
+// another disk while the I/O is in flight. A write into holes is given new
+// blocks, held in flight: Finish maps them (with their journal records),
+// Abort returns them. The caller must call Finish or Abort once every I/O
+// it issued has completed, and must keep the handle open until then:
+// closing the last handle of an unlinked disk frees its blocks without
+// waiting for plans.
+//
+// An IOPlan is used by one goroutine at a time and may be reused from
+// request to request; its zero value is ready. It allocates nothing: its
+// slices belong to a pooled scratch while the plan is held.
 type IOPlan struct {
 	// IOs is the I/O to issue on the backing (PrepareSQE or Do): reads
-	// into, or writes from, the buffer given to the Plan call. When every
-	// one has transferred all of its Buf, the request is done: N bytes of
-	// the disk (N < len(p) for a read at the disk's end).
+	// into, or writes from, the buffer given to the Plan call (or, for an
+	// unaligned request of ReadAt or WriteAt, a bounce buffer). When
+	// every one has transferred all of its Buf, the request is done: N
+	// bytes of the disk (N < len(p) for a read at the disk's end).
 	IOs []BackingIO
 	N   int
 	// Durable says the writes must be durable when they complete (RWF_DSYNC,
-	// a FUA write): a plan of PlanWriteSync.
+	// a FUA write): a synchronous overwrite in place of durable mappings.
+	// N and Durable stay as they are after Finish or Abort.
 	Durable bool
 
-	write bool
-	be    backend.Submitter
-	off   int64
-	d     *disk
-	lr    lockedRange
-	held  bool // lr is held
-	sc    *scratch
-	start time.Time
+	write  bool
+	be     backend.Backend
+	sub    backend.Submitter // be, when it is one; else nil
+	p      []byte            // the caller's buffer
+	bounce []byte            // whole blocks from first, when p is not aligned
+	off    int64
+	first  uint64 // the first block of the range
+	d      *disk
+	lr     lockedRange
+	held   bool // lr is held
+	sc     *scratch
+	start  time.Time // the plan's submission
 }
 
 // BackingIO is one I/O of an IOPlan: len(Buf) bytes at Off of the backing.
@@ -55,26 +73,50 @@ type BackingIO struct {
 	Buf []byte
 }
 
-// PlanRead plans the read of len(p) bytes at off into p, like ReadAt. Holes
-// are zeroed in p at once. It returns false, with nothing held, when the
-// read does not fit a plan, and ReadAt should serve it: the range or p is
-// not aligned for O_DIRECT (also where the disk ends), it would take more
-// than maxIOs backing reads, the backing is not a backend.Submitter (a
-// wrapper whose I/O may block), the handle is closed, or a write, punch or truncate holds part of the range (PlanRead
-// never waits).
+// A planMode says what a plan is for and how it may be made.
+type planMode struct {
+	write bool
+	// fua: a synchronous (O_DSYNC) write, which durable (FUA) writes make
+	// durable where they alone are enough (IOPlan.Durable).
+	fua bool
+	// wait: the caller may block (ReadAt, WriteAt). The plan then waits
+	// for its range lock, reads the partial blocks it writes, grows the
+	// disk, lets the allocator commit to release quarantined blocks, and
+	// takes any number of I/Os. Without wait a plan that would need any
+	// of these, or a fua plan that durable writes alone do not make
+	// durable, is declined (errDeclined), with nothing held.
+	wait   bool
+	maxIOs int // the most I/Os a plan without wait may have
+}
+
+var (
+	// errDeclined says a plan without wait was not made: the request is
+	// ReadAt's or WriteAt's to serve.
+	errDeclined = errors.New("image: request not planned")
+	// errEmpty says a request of no bytes, which needs no plan.
+	errEmpty = errors.New("image: empty request")
+)
+
+// PlanRead plans the read of len(p) bytes at off into p, like ReadAt,
+// without waiting. Holes are zeroed in p at once. It returns false, with
+// nothing held, when the read does not fit such a plan, and ReadAt should
+// serve it: the range or p is not aligned for O_DIRECT (also where the
+// disk ends), it would take more than maxIOs backing reads, the backing is
+// not a backend.Submitter (a wrapper whose I/O may block), the handle is
+// closed, or a write, punch or truncate holds part of the range.
 func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.plan(pl, p, off, maxIOs, false, false)
+	return h.prepare(pl, p, off, planMode{maxIOs: maxIOs}) == nil
 }
 
 // PlanWrite plans the write of len(p) bytes at off from p, like WriteAt,
-// allocating blocks for the holes in the range. It returns false, with
-// nothing held, where WriteAt should serve the write instead: as for
-// PlanRead, and also when the write ends past the disk's size, the store
-// takes no writes, any request holds part of the range, or the holes
-// cannot be given blocks without waiting (a full store, whose WriteAt
-// commits to release freed blocks, or says ENOSPC).
+// without waiting, allocating blocks for the holes in the range. It
+// returns false, with nothing held, where WriteAt should serve the write
+// instead: as for PlanRead, and also when the write ends past the disk's
+// size, the store takes no writes, any request holds part of the range,
+// or the holes cannot be given blocks without waiting (a full store, whose
+// WriteAt commits to release freed blocks, or says ENOSPC).
 func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.plan(pl, p, off, maxIOs, true, false)
+	return h.prepare(pl, p, off, planMode{write: true, maxIOs: maxIOs}) == nil
 }
 
 // PlanWriteSync plans a synchronous (O_DSYNC) write, like WriteAtSync,
@@ -84,83 +126,159 @@ func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 // PlanWrite, and also a write into holes or while journal records are
 // pending: WriteAtSync serves those, with a commit.
 func (h *Disk) PlanWriteSync(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.plan(pl, p, off, maxIOs, true, true)
+	return h.prepare(pl, p, off, planMode{write: true, fua: true, maxIOs: maxIOs}) == nil
 }
 
-func (h *Disk) plan(pl *IOPlan, p []byte, off int64, maxIOs int, write, durable bool) bool {
+// prepare makes pl the plan of len(p) bytes at off, per m. It returns
+// errDeclined for a plan m does not allow (only without wait), errEmpty
+// for len(p) == 0 (nothing held), io.EOF for a read at or past the end,
+// and the error of an invalid request or a failed read-modify-write or
+// allocation; on any error nothing is held.
+func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	d, s := h.d, h.d.s
-	sub, ok := s.be.(backend.Submitter)
-	if !ok || checkRange(off, int64(len(p))) != nil || len(p) == 0 || !coalesce.IsAligned(p) {
-		return false
+	if err := h.live(); err != nil {
+		return err
+	}
+	if err := checkRange(off, int64(len(p))); err != nil {
+		return fmt.Errorf("disk %d %s: %w", d.id, opName(m.write), err)
 	}
 	bs := s.bs
-	d.mu.RLock()
-	size := d.attr.Size
-	d.mu.RUnlock()
-	n := min(int64(len(p)), size-off)
-	if n <= 0 || uint64(off)%bs != 0 || uint64(n)%bs != 0 || write && n != int64(len(p)) {
-		return false // EOF, partial blocks and growing writes: ReadAt's and WriteAt's business
+	n := int64(len(p))
+	if !m.write { // a read ends at the size; a write may grow the disk
+		d.mu.RLock()
+		size := d.attr.Size
+		d.mu.RUnlock()
+		if off >= size {
+			if !m.wait {
+				return errDeclined
+			}
+			return io.EOF
+		}
+		n = min(n, size-off)
 	}
-	if write && s.writable() != nil {
-		return false
+	if n == 0 {
+		return errEmpty
 	}
-	first, count := coalesce.BlockRange(uint64(off), uint64(n), bs)
-	lr, ok := d.ranges.tryLock(first, count, write)
-	if !ok {
-		return false
+	sub, isSub := s.be.(backend.Submitter)
+	uoff := uint64(off)
+	aligned := uoff%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
+	if !m.wait && (!isSub || !aligned) {
+		return errDeclined // partial blocks: ReadAt's and WriteAt's business
 	}
-	if h.live() != nil {
-		lr.unlock()
-		return false
+
+	first, count := coalesce.BlockRange(uoff, uint64(n), bs)
+	lr, held := lockedRange{}, true
+	if m.wait {
+		lr = d.ranges.lock(first, count, m.write)
+	} else {
+		lr, held = d.ranges.tryLock(first, count, m.write)
+	}
+	if !held {
+		return errDeclined // PlanRead and PlanWrite never wait
 	}
 	sc := getScratch()
+	*pl = IOPlan{IOs: sc.ios[:0], write: m.write, be: s.be, sub: sub, p: p, off: off, first: first,
+		d: d, lr: lr, held: true, sc: sc}
+	if err := h.live(); err != nil {
+		pl.release()
+		return m.decline(err)
+	}
+	if m.write {
+		if err := s.writable(); err != nil {
+			pl.release()
+			return m.decline(fmt.Errorf("disk %d write: %w", d.id, err))
+		}
+	}
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
+	holes := hasHole(sc)
 	var nb neighbours // only holes to fill need them: not on the read path
-	if write && hasHole(sc) {
+	if m.write && holes {
 		nb = d.neighboursLockedMu(first, count)
 	}
-	size = d.attr.Size
+	size := d.attr.Size
 	d.mu.RUnlock()
-	decline := func() bool {
-		s.unallocate(sc.allocs)
-		putScratch(sc)
-		lr.unlock()
-		return false
+	if !m.wait && off+n > size { // a growing write, or a disk that shrank
+		pl.release()
+		return errDeclined // WriteAt's and ReadAt's business
 	}
-	if off+n > size {
-		return decline()
+	// A synchronous overwrite in place needs nothing journalled when the
+	// mappings it writes through are durable: then the data only has to
+	// be, and durable writes make it so. The range lock keeps this
+	// range's mappings as they are, and every record that made them was
+	// appended before the lookup.
+	pl.Durable = m.fua && !holes && off+n <= size && s.recordsDurable()
+	if m.fua && !m.wait && !pl.Durable {
+		pl.release()
+		return errDeclined // needs a commit: WriteAtSync's business
+	}
+	c := s.stats.shard(sc)
+	countLookup(c, sc.segs)
+
+	// The buffer covering whole blocks [first, first+count): the caller's
+	// own when the request is block-aligned in offset, length and memory;
+	// else a pooled one, into which a write first reads (or zeroes, for a
+	// hole) every block it covers only in part (a partial span of Split,
+	// at most two) and then copies itself.
+	buf := p[:n]
+	if !aligned {
+		buf = s.pool.Get(int(count * bs))
+		pl.bounce = buf
+		if m.write {
+			spans := coalesce.Split(uoff, uint64(n), bs)
+			for _, sp := range spans.All() {
+				if !sp.Partial {
+					continue
+				}
+				lo := (sp.Block - first) * bs
+				if err := s.fillBlock(c, buf[lo:lo+bs], sc.segs, sp.Block); err != nil {
+					pl.release()
+					return fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
+				}
+			}
+			copy(buf[uoff-first*bs:], p)
+		}
 	}
 	segs := sc.segs // what the I/O goes to
-	if durable && (hasHole(sc) || !s.recordsDurable()) {
-		return decline() // needs a commit: WriteAtSync's business
-	}
-	if write && hasHole(sc) {
-		// Blocks for the holes, without waiting for a commit to free
-		// any: a full store's writes go to WriteAt.
-		if s.allocHoles(sc, nb, false) != nil {
-			return decline()
+	if m.write && holes {
+		// Without wait, blocks for the holes are taken without waiting
+		// for a commit to free any: a full store's writes go to WriteAt.
+		if err := s.allocHoles(sc, nb, m.wait); err != nil {
+			pl.release()
+			return m.decline(fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err))
 		}
 		segs = sc.out
 	}
 	sc.runs = coalesce.Runs(sc.runs[:0], segs, first, bs, maxRunBytes/bs)
-	if len(sc.runs) > maxIOs {
-		return decline()
+	if !m.wait && len(sc.runs) > m.maxIOs {
+		pl.release()
+		return errDeclined
 	}
-	c := s.stats.shard(sc)
-	countLookup(c, sc.segs)
 	countCoalesce(c, segs, sc.runs)
-	buf := p[:n]
-	if !write {
+	if !m.write {
 		zeroHoles(buf, sc.segs, first, bs)
 	}
-	pl.N, pl.IOs, pl.Durable = int(n), pl.IOs[:0], durable
 	for _, r := range sc.runs {
-		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(n))]
+		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(len(buf)))]
 		pl.IOs = append(pl.IOs, BackingIO{Off: s.dataOff + int64(r.Phys*bs), Buf: b})
 	}
-	pl.write, pl.be, pl.d, pl.lr, pl.held, pl.sc, pl.off, pl.start = write, sub, d, lr, true, sc, off, time.Now()
-	return true
+	pl.N, pl.start = int(n), time.Now()
+	return nil
+}
+
+// decline is err for a plan with wait, errDeclined for one without.
+func (m planMode) decline(err error) error {
+	if m.wait {
+		return err
+	}
+	return errDeclined
+}
+
+func opName(write bool) string {
+	if write {
+		return "write"
+	}
+	return "read"
 }
 
 // backendIO is the plan's i-th I/O as the backend takes it.
@@ -175,7 +293,7 @@ func (pl *IOPlan) backendIO(i int) backend.IO {
 // caller issues it with Do instead. Only between a successful Plan call
 // and Finish or Abort.
 func (pl *IOPlan) PrepareSQE(sqe *iouring.SQE, i int) bool {
-	return pl.be.PrepareSQE(sqe, pl.backendIO(i))
+	return pl.sub != nil && pl.sub.PrepareSQE(sqe, pl.backendIO(i))
 }
 
 // Do performs the plan's i-th I/O synchronously through the backend. After
@@ -183,7 +301,21 @@ func (pl *IOPlan) PrepareSQE(sqe *iouring.SQE, i int) bool {
 // backend.Submitter), so a thread that must not block may call it. An
 // error means the plan must be aborted.
 func (pl *IOPlan) Do(i int) error {
-	return pl.be.Do(pl.backendIO(i))
+	if pl.sub != nil {
+		return pl.sub.Do(pl.backendIO(i))
+	}
+	return backend.Do(pl.be, pl.backendIO(i))
+}
+
+// run performs every I/O of the plan, in order, on the caller's goroutine
+// (ReadAt, WriteAt). On error the plan must be aborted.
+func (pl *IOPlan) run() error {
+	for i := range pl.IOs {
+		if err := pl.Do(i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func hasHole(sc *scratch) bool {
@@ -196,9 +328,10 @@ func hasHole(sc *scratch) bool {
 }
 
 // Finish ends a plan whose I/O all completed in full: it counts the
-// request as ReadAt or WriteAt would (a write also dirties the store for
-// the next flush, sets the disk's mtime and maps the blocks it was given,
-// journaling them) and releases the range.
+// backend I/O and the request (a write also dirties the store for the
+// next flush, sets the disk's mtime and maps the blocks it was given,
+// journaling them; a read through a bounce buffer copies its bytes out)
+// and releases the range.
 func (pl *IOPlan) Finish() {
 	if !pl.held {
 		return
@@ -221,26 +354,41 @@ func (pl *IOPlan) Finish() {
 		d.s.writeGen.Add(1)
 		d.touch()
 		d.publishWriteLockedRange(sc, pl.off+int64(pl.N))
-		sc.allocs = sc.allocs[:0] // mapped now: Abort must not return them
+		sc.allocs = sc.allocs[:0] // mapped now: release must not return them
+	} else if pl.bounce != nil {
+		copy(pl.p[:pl.N], pl.bounce[uint64(pl.off)-pl.first*d.s.bs:])
 	}
 	d.countRequest(sc, pl.write, uint64(pl.N))
-	pl.Abort()
+	pl.release()
 }
 
-// Abort releases a plan without counting it, returning the blocks a write
-// was given: an I/O failed, and the caller serves the request again with
-// ReadAt or WriteAt, which count and report.
-// (A failed write may have changed some of its mapped blocks, as a failed
-// WriteAt may.)
+// Abort ends a plan one of whose I/O failed: it counts the backend error
+// and releases the plan without counting the request, returning the
+// blocks a write was given. (A failed write may have changed some of its
+// mapped blocks, as a failed write to a disk may.) The queue threads then
+// hand the request to ReadAt or WriteAt, which plan it again and report.
 func (pl *IOPlan) Abort() {
 	if !pl.held {
 		return
 	}
-	pl.held = false
-	pl.d.s.unallocate(pl.sc.allocs) // blocks for holes, never mapped
+	pl.d.s.stats.Errors.Add(1)
+	pl.release()
+}
+
+// release lets go of everything the plan holds: blocks given to holes and
+// never mapped, the range, the scratch and the bounce buffer.
+func (pl *IOPlan) release() {
+	if !pl.held {
+		return
+	}
+	s, sc := pl.d.s, pl.sc
+	s.unallocate(sc.allocs)
 	pl.lr.unlock()
-	putScratch(pl.sc)
-	pl.d, pl.sc, pl.lr, pl.be = nil, nil, lockedRange{}, nil
+	if pl.bounce != nil {
+		s.pool.Put(pl.bounce)
+	}
 	clear(pl.IOs) // let go of the caller's buffers
-	pl.IOs = pl.IOs[:0]
+	sc.ios = pl.IOs[:0]
+	putScratch(sc)
+	*pl = IOPlan{N: pl.N, Durable: pl.Durable}
 }
