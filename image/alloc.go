@@ -426,7 +426,8 @@ func (s *Store) unallocate(allocs []pext) {
 // checkpoint into the reserve and then have too little left for the next.
 // Caller holds s.mu.
 func (s *Store) ckptReserveLockedMu() uint64 {
-	bytes := ckptSize(len(s.mu.disks), len(s.mu.disks)*MaxNameLen, s.mu.extents, s.mu.alloc.byStart.Len()+maxCkptExtents)
+	bytes := ckptSize(sharedVersion, len(s.mu.disks), len(s.mu.disks)*MaxNameLen, s.mu.extents,
+		s.mu.alloc.byStart.Len()+maxCkptExtents, 2*s.mu.shared.Len()+1)
 	need := uint64(bytes)/s.bs + 2
 	var cur uint64
 	for _, e := range s.mu.ckptExts {

@@ -18,8 +18,18 @@ type DiskInfo struct {
 	Atime     time.Time
 	Mtime     time.Time
 	Ctime     time.Time
-	Allocated int64 // bytes of blocks mapped
+	Allocated int64 // bytes of blocks mapped (shared ones included, as XFS counts reflinked files)
 	Extents   int
+	// Shared is the part of Allocated whose blocks other disks map too;
+	// the rest is the disk's own. Filled in by Store.List and Store.Stat,
+	// not by Disk.Stat (it walks the map).
+	Shared int64
+	// Snapshot: a read-only snapshot. Clone: made by copying the whole of
+	// another disk. Origin names the disk it is a snapshot or clone of,
+	// when that still exists (Store.List, Store.Stat).
+	Snapshot, Clone bool
+	OriginID        uint64
+	Origin          string
 }
 
 // Attr are the attributes given to a new disk. Zero times mean "now".

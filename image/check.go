@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
 // Severity tells leaks from everything else.
@@ -57,6 +58,9 @@ const (
 	CodeSharedBlock      = "shared-block"        // two users of one physical block
 	CodeUsedFree         = "used-block-free"     // a used block is also marked free
 	CodeLeak             = "leaked-blocks"       // blocks used by nothing and not free
+	CodeRefCount         = "refcount-table"      // the stored reference counts are malformed
+	CodeRefHigh          = "refcount-high"       // a block's count exceeds its users: it would never be freed
+	CodeRefLow           = "refcount-low"        // a block's count is below its users: it would be freed while used
 	CodeInvalidName      = "invalid-name"
 	CodeDuplicateName    = "duplicate-name"
 )
@@ -187,18 +191,23 @@ func (s *Store) checkProgressLockedCommit(progress func(done, total int)) *Repor
 	for _, f := range s.openFindings {
 		rep.add(f, counts)
 	}
-	refs, free, ds := s.collectRefsLockedCut(rep, counts, progress)
+	refs, free, ds, shared := s.collectRefsLockedCut(rep, counts, progress)
 	rep.Disks = len(ds)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Start < refs[j].Start })
 
-	// Shared blocks: sweep the users in physical order.
+	// Two users of one block: sweep the users in physical order. Disk
+	// extents and the references awaiting a commit may share blocks the
+	// reference counts list (their counts are compared below); anything
+	// else sharing a block is damage.
 	var union []pext
 	var cur ref
 	for i, r := range refs {
 		if i > 0 && r.Start < cur.end() {
 			lo, hi := r.Start, min(r.end(), cur.end())
-			rep.add(Finding{Severity: Fatal, Code: CodeSharedBlock, Disk: diskName(r.disk),
-				Message: fmt.Sprintf("physical blocks [%d,%d) are used by both %s and %s", lo, hi, cur.owner(s.bs), r.owner(s.bs))}, counts)
+			if !r.counted() || !cur.counted() || !allShared(shared, lo, hi) {
+				rep.add(Finding{Severity: Fatal, Code: CodeSharedBlock, Disk: diskName(r.disk),
+					Message: fmt.Sprintf("physical blocks [%d,%d) are used by both %s and %s", lo, hi, cur.owner(s.bs), r.owner(s.bs))}, counts)
+			}
 		}
 		if i == 0 || r.end() > cur.end() {
 			cur = r
@@ -242,14 +251,93 @@ func (s *Store) checkProgressLockedCommit(progress func(done, total int)) *Repor
 			Message: fmt.Sprintf("%d blocks are used by nothing and not free (%s)", leaked, describeLeaks(union, free, s.sb.DataBlocks))}, counts)
 	}
 	rep.UsedBlocks, rep.FreeBlocks = usedBlocks, freeBlocks
+	s.checkCounts(rep, counts, refs, shared)
 	return rep
+}
+
+// counted reports whether the user holds a reference the counts keep: a
+// disk extent, or a reference awaiting the commit that drops it.
+func (r ref) counted() bool { return r.disk != nil || r.kind == kindAwaiting }
+
+// allShared reports whether the counts list every block of [lo, hi).
+func allShared(t *refcount.Table, lo, hi uint64) bool {
+	all := true
+	t.Pieces(lo, hi-lo, func(_, _ uint64, refs uint32) { all = all && refs > 1 })
+	return all
+}
+
+// checkCounts compares the stored reference counts with the users counted
+// from the maps and the references awaiting a commit: a count above them is
+// a leak (the blocks would never be freed), below them fatal (they would
+// be freed while a disk still maps them). refs is sorted by Start.
+func (s *Store) checkCounts(rep *Report, counts map[string]int, refs []ref, shared *refcount.Table) {
+	var uses []pext
+	for _, r := range refs {
+		if r.counted() {
+			uses = append(uses, r.pext)
+		}
+	}
+	depth := depthProfile(uses)
+	shared.Ascend(func(e refcount.Extent) bool {
+		at := e.Start
+		report := func(lo, hi uint64, users uint32) {
+			switch {
+			case users < e.Refs:
+				rep.add(Finding{Severity: Leak, Code: CodeRefHigh,
+					Message: fmt.Sprintf("physical blocks [%d,%d) have a reference count of %d but %d users: they would never be freed", lo, hi, e.Refs, users)}, counts)
+			case users > e.Refs:
+				rep.add(Finding{Severity: Fatal, Code: CodeRefLow,
+					Message: fmt.Sprintf("physical blocks [%d,%d) have a reference count of %d but %d users: they would be freed while still mapped", lo, hi, e.Refs, users)}, counts)
+			}
+		}
+		i := sort.Search(len(depth), func(i int) bool { return depth[i].End() > e.Start })
+		for ; i < len(depth) && depth[i].Start < e.End(); i++ {
+			lo, hi := max(depth[i].Start, e.Start), min(depth[i].End(), e.End())
+			if at < lo {
+				report(at, lo, 0)
+			}
+			report(lo, hi, depth[i].Refs)
+			at = hi
+		}
+		if at < e.End() {
+			report(at, e.End(), 0)
+		}
+		return true
+	})
+}
+
+// depthProfile turns uses (sorted by Start, possibly overlapping) into the
+// stretches used at least once, each with its number of users.
+func depthProfile(uses []pext) []refcount.Extent {
+	type edge struct {
+		at    uint64
+		delta int
+	}
+	edges := make([]edge, 0, 2*len(uses))
+	for _, u := range uses {
+		edges = append(edges, edge{u.Start, 1}, edge{u.end(), -1})
+	}
+	sort.Slice(edges, func(i, j int) bool { return edges[i].at < edges[j].at })
+	var out []refcount.Extent
+	depth := 0
+	for i := 0; i < len(edges); {
+		at := edges[i].at
+		for i < len(edges) && edges[i].at == at {
+			depth += edges[i].delta
+			i++
+		}
+		if i < len(edges) && depth > 0 {
+			out = append(out, refcount.Extent{Start: at, Len: edges[i].at - at, Refs: uint32(depth)})
+		}
+	}
+	return out
 }
 
 // collectRefsLockedCut checks every disk's name and map and returns every
 // user of physical blocks: disk extents (inside the data region), the
 // checkpoint, writes in flight and blocks waiting for their release to
 // commit, and the free map. Caller holds s.cut exclusively.
-func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progress func(done, total int)) ([]ref, []pext, []*disk) {
+func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progress func(done, total int)) ([]ref, []pext, []*disk, *refcount.Table) {
 	// Allocations and releases go on under s.mu alone (they do not need the
 	// cut), so the free map, writes in flight and the quarantine are read
 	// in one critical section.
@@ -268,8 +356,9 @@ func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progres
 		refs = append(refs, ref{pext: pext{Start: start, Len: n}, kind: "a write in flight"})
 	}
 	for _, e := range s.mu.pend.quarantine {
-		refs = append(refs, ref{pext: e, kind: "blocks awaiting a commit"})
+		refs = append(refs, ref{pext: e, kind: kindAwaiting})
 	}
+	shared := s.mu.shared.Clone()
 	s.mu.Unlock()
 	sort.Slice(ds, func(i, j int) bool { return ds[i].id < ds[j].id })
 
@@ -317,8 +406,12 @@ func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progres
 	if progress != nil {
 		progress(rep.Extents, rep.Extents)
 	}
-	return refs, free, ds
+	return refs, free, ds, shared
 }
+
+// kindAwaiting names the references a commit that is not yet durable drops
+// (the quarantine).
+const kindAwaiting = "blocks awaiting a commit"
 
 func diskName(d *disk) string {
 	if d == nil {

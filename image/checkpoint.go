@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
 // Checkpoint writes the whole state (catalog, every map, the free map) to
@@ -49,13 +50,13 @@ func (s *Store) checkpointLockedCommit() error {
 	s.mu.Unlock()
 	defer s.doneReleasing()
 	sort.Slice(ds, func(i, j int) bool { return ds[i].id < ds[j].id })
-	c := &checkpoint{Seq: seq, UUID: s.uuid, NextID: nextID, Disks: make([]ckptDisk, len(ds))}
+	c := &checkpoint{Version: s.sb.version(), Seq: seq, UUID: s.uuid, NextID: nextID, Disks: make([]ckptDisk, len(ds))}
 	maps := make([]*blockmap.Map, len(ds))
 	for i, d := range ds {
 		d.mu.Lock()
 		maps[i] = d.m.Clone()
 		r := d.attrRecordLockedMu()
-		c.Disks[i] = ckptDisk{ID: d.id, Attr: r.Attr, Name: d.name}
+		c.Disks[i] = ckptDisk{ID: d.id, Attr: r.Attr, Name: d.name, Flags: d.flags.Load(), Origin: d.origin}
 		c.Disks[i].Attr.Size = d.attr.Size
 		if d.orphan {
 			c.Disks[i].Flags |= diskFlagOrphan
@@ -64,14 +65,22 @@ func (s *Store) checkpointLockedCommit() error {
 	}
 	s.cut.Unlock()
 
+	var uses []refcount.Range
 	for i, m := range maps {
 		exts := make([]extentRec, 0, m.Len())
 		m.Ascend(func(e blockmap.Extent) bool {
 			exts = append(exts, extentRec{Virt: e.Virt, Phys: e.Phys, Len: e.Len})
+			if c.Version == sharedVersion {
+				uses = append(uses, refcount.Range{Start: e.Phys, Len: e.Len})
+			}
 			return true
 		})
 		c.Disks[i].Extents = exts
 	}
+	// The counts as of the cut, from the maps themselves: the references
+	// the captured records drop are gone from them, while the live table
+	// keeps those until the checkpoint is durable (quarantineLockedMu).
+	c.Shared = refcount.Depths(uses)
 	if err := s.flushData(); err != nil {
 		return err
 	}
@@ -139,7 +148,7 @@ func (s *Store) writeCheckpointStream(c *checkpoint) ([]pext, []byte, error) {
 	dataBlocks := s.sb.DataBlocks
 	// Allocating the checkpoint can split at most one free extent per
 	// checkpoint extent, so this bound holds for the final free map.
-	est := ckptSize(len(c.Disks), nameBytes, extents, len(complement(used, dataBlocks))+maxCkptExtents+1)
+	est := ckptSize(c.Version, len(c.Disks), nameBytes, extents, len(complement(used, dataBlocks))+maxCkptExtents+1, len(c.Shared))
 	nblocks := (uint64(est) + s.bs - 1) / s.bs
 	s.mu.Lock()
 	exts, err := s.mu.alloc.allocHigh(nblocks, maxCkptExtents)
@@ -208,6 +217,9 @@ func (s *Store) loadCheckpoint() error {
 	if c.Seq != s.sb.CkptSeq {
 		return fmt.Errorf("checkpoint covers commit %d, superblock says %d: %w", c.Seq, s.sb.CkptSeq, ErrCorrupt)
 	}
+	if c.Version > s.sb.version() {
+		return fmt.Errorf("checkpoint of version %d in a store of version %d: %w", c.Version, s.sb.version(), ErrCorrupt)
+	}
 	s.mu.nextID = c.NextID
 	for i := range c.Disks {
 		cd := &c.Disks[i]
@@ -216,6 +228,8 @@ func (s *Store) loadCheckpoint() error {
 		}
 		d := s.newDisk(cd.ID, cd.Name, cd.Attr)
 		d.orphan = cd.Flags&diskFlagOrphan != 0
+		d.flags.Store(cd.Flags &^ diskFlagOrphan)
+		d.origin = cd.Origin
 		for _, e := range cd.Extents { // sorted and disjoint: decodeCheckpoint checked
 			if err := d.m.Append(blockmap.Extent{Virt: e.Virt, Phys: e.Phys, Len: e.Len}); err != nil {
 				return fmt.Errorf("checkpoint: disk %d: %w: %w", cd.ID, err, ErrCorrupt)
@@ -233,6 +247,13 @@ func (s *Store) loadCheckpoint() error {
 				Message: fmt.Sprintf("checkpoint free map entry [%d,+%d): %v", f.Start, f.Len, err)})
 		}
 	}
+	for _, e := range c.Shared {
+		if err := s.mu.shared.Set(e); err != nil {
+			s.openFindings = append(s.openFindings, Finding{Severity: Fatal, Code: CodeRefCount,
+				Message: fmt.Sprintf("checkpoint reference counts: %v", err)})
+		}
+	}
+
 	s.mu.ckptExts = s.sb.CkptExts
 	s.mu.nextSeq = s.sb.CkptSeq + 1
 	return nil

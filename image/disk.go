@@ -23,8 +23,19 @@ type disk struct {
 	orphan  bool // unlinked while open: no name, deleted at the last Close
 	deleted bool
 
+	origin uint64 // the disk it is a snapshot or clone of (0: none)
+
 	// Guarded by s.mu:
 	opens int
+
+	// flags are diskFlagSnapshot (read only) and diskFlagClone; set at
+	// creation, or at the first whole-disk copy into it.
+	flags atomic.Uint32
+	// mayShare says the map may reference shared blocks (a snapshot or
+	// copy involved the disk): only then do writes look for blocks to
+	// copy on write. Set under s.mu before any of its blocks is shared;
+	// never cleared.
+	mayShare atomic.Bool
 
 	counters diskCounters
 
@@ -100,8 +111,10 @@ type scratch struct {
 	runs   []coalesce.Run
 	allocs []pext
 	freed  []blockmap.Extent
-	ios    []BackingIO // an IOPlan's, while it is held
-	shard  uint32 // the counter shard this scratch's requests count into
+	ios    []BackingIO        // an IOPlan's, while it is held
+	cow    []blockmap.Segment // a write's segments with its shared pieces as holes (Store.cowLockedMu)
+	cowed  bool               // the write gives shared blocks new ones: publishing unmaps them
+	shard  uint32             // the counter shard this scratch's requests count into
 }
 
 // scratchPool keeps scratches per P (sync.Pool's own rule), and each
@@ -125,7 +138,7 @@ func newScratch() any {
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
 func putScratch(sc *scratch) {
-	sc.segs, sc.out, sc.runs, sc.allocs, sc.freed, sc.ios = sc.segs[:0], sc.out[:0], sc.runs[:0], sc.allocs[:0], sc.freed[:0], sc.ios[:0]
+	sc.segs, sc.out, sc.runs, sc.allocs, sc.freed, sc.ios, sc.cow, sc.cowed = sc.segs[:0], sc.out[:0], sc.runs[:0], sc.allocs[:0], sc.freed[:0], sc.ios[:0], sc.cow[:0], false
 	scratchPool.Put(sc)
 }
 

@@ -6,7 +6,11 @@ import (
 )
 
 // Stat describes the disk.
-func (h *Disk) Stat() DiskInfo { return h.d.info() }
+func (h *Disk) Stat() DiskInfo {
+	h.d.mu.RLock()
+	defer h.d.mu.RUnlock()
+	return h.d.infoLockedMu()
+}
 
 // Size returns the disk's size in bytes.
 func (h *Disk) Size() int64 {
@@ -15,10 +19,19 @@ func (h *Disk) Size() int64 {
 	return h.d.attr.Size
 }
 
+// info is Stat with the sharing: shared bytes and the origin's name.
 func (d *disk) info() DiskInfo {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.infoLockedMu()
+	i := d.infoLockedMu()
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i.Shared = int64(s.sharedBlocksLockedMu(d) * s.bs)
+	if o := s.mu.disks[d.origin]; o != nil && !o.orphan {
+		i.Origin = o.name
+	}
+	return i
 }
 
 // infoLockedMu builds a DiskInfo; caller holds d.mu (either mode) or owns d.
@@ -35,6 +48,9 @@ func (d *disk) infoLockedMu() DiskInfo {
 		Ctime:     time.Unix(0, d.attr.Ctime),
 		Allocated: int64(d.m.Blocks() * d.s.bs),
 		Extents:   d.m.Len(),
+		Snapshot:  d.flags.Load()&diskFlagSnapshot != 0,
+		Clone:     d.flags.Load()&diskFlagClone != 0,
+		OriginID:  d.origin,
 	}
 }
 

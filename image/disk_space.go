@@ -28,7 +28,24 @@ func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 		return err
 	}
 	fn(buf)
-	if err := s.writeData(c, buf, segs[0].Phys, false); err != nil {
+	if d.mayShare.Load() {
+		// The block may be shared, and a shared block is written around:
+		// the planner gives it a new one. Only up to the size, so that
+		// the write does not grow the disk.
+		d.mu.RLock()
+		n := min(int64(s.bs), d.attr.Size-int64(v*s.bs))
+		d.mu.RUnlock()
+		var pl IOPlan
+		h := &Disk{d: d} // an internal handle, never closed
+		if err := h.prepare(&pl, buf[:n], int64(v*s.bs), planMode{write: true, wait: true, locked: true}); err != nil {
+			return err
+		}
+		if err := pl.run(); err != nil {
+			pl.Abort()
+			return err
+		}
+		pl.Finish()
+	} else if err := s.writeData(c, buf, segs[0].Phys, false); err != nil {
 		return err
 	}
 	s.writeGen.Add(1)
@@ -72,6 +89,9 @@ func (h *Disk) ZeroRange(off, n int64, keepSize bool) error {
 func (d *disk) lockChange(op string, off, n int64) (lr lockedRange, size int64, err error) {
 	s := d.s
 	if err := checkRange(off, n); err != nil {
+		return lockedRange{}, 0, fmt.Errorf("disk %d %s: %w", d.id, op, err)
+	}
+	if err := d.readOnly(); err != nil {
 		return lockedRange{}, 0, fmt.Errorf("disk %d %s: %w", d.id, op, err)
 	}
 	if n == 0 {
@@ -208,6 +228,9 @@ func (h *Disk) Truncate(size int64) error {
 		return fmt.Errorf("disk %d truncate to %d: %w", d.id, size, ErrTooLarge)
 	}
 	if err := s.writable(); err != nil {
+		return fmt.Errorf("disk %d truncate: %w", d.id, err)
+	}
+	if err := d.readOnly(); err != nil {
 		return fmt.Errorf("disk %d truncate: %w", d.id, err)
 	}
 	bs := int64(s.bs)

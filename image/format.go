@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"unicode/utf8"
+
+	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
 // Format constants. These are part of the on-disk format.
@@ -19,7 +21,16 @@ const (
 	// commits): 4096 bytes, aligned for O_DIRECT on 512 B and 4 KiB devices.
 	pageSize = 4096
 
+	// formatVersion is the version of a store that shares no block;
+	// sharedVersion the version of one that may (featShared): its
+	// checkpoints list reference counts, its disks carry an origin, its
+	// journal may hold clone and flags records. A store becomes version 2
+	// on its first share (or with Upgrade) and never goes back.
 	formatVersion = 1
+	sharedVersion = 2
+	// featShared is the incompatible feature bit of version 2: physical
+	// blocks may be referenced by more than one map (clones, snapshots).
+	featShared = 1
 
 	superAOffset  = 0        // first superblock copy
 	superBOffset  = pageSize // second superblock copy
@@ -75,7 +86,7 @@ type superblock struct {
 	Generation  uint64
 	UUID        [16]byte
 	BlockSize   uint32
-	Features    uint32 // incompatible feature bits; none defined in version 1
+	Features    uint32 // incompatible feature bits: featShared (version 2)
 	StoreSize   uint64 // bytes of backing the store was formatted on
 	JournalOff  uint64 // bytes
 	JournalLen  uint64 // bytes
@@ -112,7 +123,7 @@ func (sb *superblock) encode(p []byte) {
 	clear(p[:pageSize])
 	le := binary.LittleEndian
 	copy(p[0:8], superMagic[:])
-	le.PutUint32(p[8:], formatVersion)
+	le.PutUint32(p[8:], sb.version())
 	le.PutUint64(p[16:], sb.Generation)
 	copy(p[24:40], sb.UUID[:])
 	le.PutUint32(p[40:], sb.BlockSize)
@@ -151,8 +162,9 @@ func decodeSuperblock(p []byte) (*superblock, error) {
 	if !bytes.Equal(p[0:8], superMagic[:]) {
 		return nil, fmt.Errorf("superblock: bad magic %q: %w", p[0:8], ErrNotStore)
 	}
-	if v := le.Uint32(p[8:]); v != formatVersion {
-		return nil, fmt.Errorf("superblock: format version %d, this build reads version %d: %w", v, formatVersion, ErrVersion)
+	v := le.Uint32(p[8:])
+	if v != formatVersion && v != sharedVersion {
+		return nil, fmt.Errorf("superblock: format version %d, this build reads versions %d and %d: %w", v, formatVersion, sharedVersion, ErrVersion)
 	}
 	if got, want := crc(p[16:pageSize]), le.Uint32(p[12:]); got != want {
 		return nil, fmt.Errorf("superblock: checksum %#08x, stored %#08x: %w", got, want, ErrCorrupt)
@@ -178,6 +190,9 @@ func decodeSuperblock(p []byte) (*superblock, error) {
 		Program:     getString(p[208:271]),
 	}
 	copy(sb.UUID[:], p[24:40])
+	if sb.version() != v {
+		return nil, fmt.Errorf("superblock: version %d with features %#x: %w", v, sb.Features, ErrCorrupt)
+	}
 	n := le.Uint32(p[108:])
 	if n > maxCkptExtents {
 		return nil, fmt.Errorf("superblock: %d checkpoint extents, at most %d: %w", n, maxCkptExtents, ErrCorrupt)
@@ -192,14 +207,22 @@ func decodeSuperblock(p []byte) (*superblock, error) {
 	return sb, nil
 }
 
+// version is the format version the superblock's features make it.
+func (sb *superblock) version() uint32 {
+	if sb.Features&featShared != 0 {
+		return sharedVersion
+	}
+	return formatVersion
+}
+
 // validate checks that the layout the superblock describes is possible.
 func (sb *superblock) validate() error {
 	bs := uint64(sb.BlockSize)
 	switch {
 	case bs < MinBlockSize || bs > MaxBlockSize || bs&(bs-1) != 0:
 		return fmt.Errorf("block size %d is not a power of two in [%d, %d]: %w", bs, MinBlockSize, MaxBlockSize, ErrCorrupt)
-	case sb.Features != 0:
-		return fmt.Errorf("unknown incompatible features %#x: %w", sb.Features, ErrVersion)
+	case sb.Features&^featShared != 0:
+		return fmt.Errorf("unknown incompatible features %#x: %w", sb.Features&^featShared, ErrVersion)
 	case sb.JournalOff != journalOffset || sb.JournalLen < pageSize || sb.JournalLen%pageSize != 0:
 		return fmt.Errorf("journal at %d length %d is malformed: %w", sb.JournalOff, sb.JournalLen, ErrCorrupt)
 	case sb.DataOff < sb.JournalOff+sb.JournalLen || sb.DataOff%pageSize != 0:
@@ -294,6 +317,9 @@ const (
 	recDelete = 6 // the disk and all its blocks are freed
 	recMap    = 7 // virtual blocks [virt, virt+len) now map to physical [phys, phys+len)
 	recPunch  = 8 // virtual blocks [virt, virt+len) are unmapped
+	// Version 2 (featShared):
+	recClone = 9  // [virt, virt+len) is unmapped, then maps what [srcVirt, +len) of disk src maps, sharing it
+	recFlags = 10 // a disk's flags (diskFlagSnapshot, diskFlagClone) and origin disk
 )
 
 // diskAttr is what the catalog keeps of a disk besides its map.
@@ -310,8 +336,11 @@ type record struct {
 	ID        uint64
 	Attr      diskAttr // recCreate, recAttr (Size used by recCreate and recSize)
 	Name      string   // recCreate, recRename
-	Virt, Len uint64   // recMap, recPunch
+	Virt, Len uint64   // recMap, recPunch, recClone
 	Phys      uint64   // recMap
+	Src       uint64   // recClone: the source disk; recFlags: the origin disk (0: none)
+	SrcVirt   uint64   // recClone
+	Flags     uint32   // recFlags
 }
 
 // appendRecord encodes r onto b.
@@ -337,6 +366,14 @@ func appendRecord(b []byte, r *record) []byte {
 	case recPunch:
 		b = le.AppendUint64(b, r.Virt)
 		b = le.AppendUint64(b, r.Len)
+	case recClone:
+		b = le.AppendUint64(b, r.Src)
+		b = le.AppendUint64(b, r.SrcVirt)
+		b = le.AppendUint64(b, r.Virt)
+		b = le.AppendUint64(b, r.Len)
+	case recFlags:
+		b = le.AppendUint32(b, r.Flags)
+		b = le.AppendUint64(b, r.Src)
 	default:
 		panic(fmt.Sprintf("image: encoding unknown record type %d", r.Type))
 	}
@@ -453,6 +490,10 @@ func decodeRecords(payload []byte, count uint32) ([]record, error) {
 			r.Virt, r.Phys, r.Len = d.u64(), d.u64(), d.u64()
 		case recPunch:
 			r.Virt, r.Len = d.u64(), d.u64()
+		case recClone:
+			r.Src, r.SrcVirt, r.Virt, r.Len = d.u64(), d.u64(), d.u64(), d.u64()
+		case recFlags:
+			r.Flags, r.Src = d.u32(), d.u64()
 		default:
 			if d.err == nil {
 				return nil, fmt.Errorf("record %d: unknown type %d: %w", i, r.Type, ErrCorrupt)
@@ -484,6 +525,14 @@ func (r *record) validate() error {
 	case recMap, recPunch:
 		if r.Len == 0 || r.Virt+r.Len < r.Virt || r.Phys+r.Len < r.Phys {
 			return fmt.Errorf("disk %d extent [%d,+%d) overflows: %w", r.ID, r.Virt, r.Len, ErrCorrupt)
+		}
+	case recClone:
+		if r.Len == 0 || r.Virt+r.Len < r.Virt || r.SrcVirt+r.Len < r.SrcVirt {
+			return fmt.Errorf("disk %d clone of [%d,+%d) overflows: %w", r.ID, r.SrcVirt, r.Len, ErrCorrupt)
+		}
+	case recFlags:
+		if r.Flags&^(diskFlagSnapshot|diskFlagClone) != 0 {
+			return fmt.Errorf("disk %d flags %#x: %w", r.ID, r.Flags, ErrCorrupt)
 		}
 	}
 	return nil
@@ -517,13 +566,18 @@ func ValidateName(name string) error {
 // the superblock; it is stored across the superblock's checkpoint extents.
 const ckptHeaderLen = 64
 
-// Disk flags in the checkpoint.
-const diskFlagOrphan = 1 // unlinked while open: no name, freed at next open
+// Disk flags in the checkpoint (and, but for the orphan flag, in recFlags).
+const (
+	diskFlagOrphan   = 1 // unlinked while open: no name, freed at next open
+	diskFlagSnapshot = 2 // a snapshot: read only (version 2)
+	diskFlagClone    = 4 // made by copying the whole of its origin (version 2)
+)
 
 type ckptDisk struct {
 	ID      uint64
 	Attr    diskAttr
 	Flags   uint32
+	Origin  uint64 // version 2: the disk it is a snapshot or clone of (0: none)
 	Name    string
 	Extents []extentRec
 }
@@ -534,29 +588,35 @@ type extentRec struct {
 }
 
 type checkpoint struct {
-	Seq    uint64
-	UUID   [16]byte
-	NextID uint64
-	Disks  []ckptDisk
-	Free   []pext
+	Version uint32 // formatVersion, or sharedVersion
+	Seq     uint64
+	UUID    [16]byte
+	NextID  uint64
+	Disks   []ckptDisk
+	Free    []pext
+	Shared  []refcount.Extent // version 2: blocks referenced more than once
 }
 
-// encodedSize returns the exact length of the encoded checkpoint for given
-// counts of disks, name bytes, extents and free extents.
-func ckptSize(disks, nameBytes, extents, free int) int {
-	return ckptHeaderLen + disks*(8+8+4+4+4+4+24+2+8) + nameBytes + extents*24 + free*16
+// ckptSize returns the exact length of the encoded checkpoint of a version
+// for given counts of disks, name bytes, extents, free and shared extents.
+func ckptSize(version uint32, disks, nameBytes, extents, free, shared int) int {
+	n := ckptHeaderLen + disks*(8+8+4+4+4+4+24+2+8) + nameBytes + extents*24 + free*16
+	if version == sharedVersion {
+		n += disks*8 + shared*20
+	}
+	return n
 }
 
 func (c *checkpoint) encode(b []byte) []byte {
 	le := binary.LittleEndian
 	b = append(b, ckptMagic[:]...)
-	b = le.AppendUint32(b, formatVersion)
+	b = le.AppendUint32(b, c.Version)
 	b = le.AppendUint64(b, c.Seq)
 	b = append(b, c.UUID[:]...)
 	b = le.AppendUint64(b, c.NextID)
 	b = le.AppendUint32(b, uint32(len(c.Disks)))
 	b = le.AppendUint32(b, uint32(len(c.Free)))
-	b = le.AppendUint32(b, 0) // shared (reference-counted) extents: none in version 1
+	b = le.AppendUint32(b, uint32(len(c.Shared))) // none in version 1
 	b = le.AppendUint32(b, 0)
 	b = le.AppendUint64(b, 0)
 	for i := range c.Disks {
@@ -567,6 +627,9 @@ func (c *checkpoint) encode(b []byte) []byte {
 		b = le.AppendUint32(b, d.Attr.UID)
 		b = le.AppendUint32(b, d.Attr.GID)
 		b = le.AppendUint32(b, d.Flags)
+		if c.Version == sharedVersion {
+			b = le.AppendUint64(b, d.Origin)
+		}
 		b = le.AppendUint64(b, uint64(d.Attr.Atime))
 		b = le.AppendUint64(b, uint64(d.Attr.Mtime))
 		b = le.AppendUint64(b, uint64(d.Attr.Ctime))
@@ -581,6 +644,11 @@ func (c *checkpoint) encode(b []byte) []byte {
 	for _, f := range c.Free {
 		b = le.AppendUint64(b, f.Start)
 		b = le.AppendUint64(b, f.Len)
+	}
+	for _, e := range c.Shared {
+		b = le.AppendUint64(b, e.Start)
+		b = le.AppendUint64(b, e.Len)
+		b = le.AppendUint32(b, e.Refs)
 	}
 	return b
 }
@@ -597,10 +665,10 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 	if !bytes.Equal(b[0:4], ckptMagic[:]) {
 		return nil, fmt.Errorf("checkpoint: bad magic %q: %w", b[0:4], ErrCorrupt)
 	}
-	if v := le.Uint32(b[4:]); v != formatVersion {
-		return nil, fmt.Errorf("checkpoint: version %d: %w", v, ErrVersion)
+	c := &checkpoint{Version: le.Uint32(b[4:]), Seq: le.Uint64(b[8:]), NextID: le.Uint64(b[32:])}
+	if c.Version != formatVersion && c.Version != sharedVersion {
+		return nil, fmt.Errorf("checkpoint: version %d: %w", c.Version, ErrVersion)
 	}
-	c := &checkpoint{Seq: le.Uint64(b[8:]), NextID: le.Uint64(b[32:])}
 	copy(c.UUID[:], b[16:32])
 	if c.UUID != uuid {
 		return nil, fmt.Errorf("checkpoint: belongs to another store (uuid %x): %w", c.UUID, ErrCorrupt)
@@ -609,8 +677,8 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 		return nil, fmt.Errorf("checkpoint: reserved header bytes are not zero: %w", ErrCorrupt)
 	}
 	ndisks, nfree, nshared := le.Uint32(b[40:]), le.Uint32(b[44:]), le.Uint32(b[48:])
-	if nshared != 0 {
-		return nil, fmt.Errorf("checkpoint: %d shared extents, unsupported in version 1: %w", nshared, ErrVersion)
+	if nshared != 0 && c.Version == formatVersion {
+		return nil, fmt.Errorf("checkpoint: %d shared extents in version 1: %w", nshared, ErrCorrupt)
 	}
 	d := &decoder{b: b, off: ckptHeaderLen}
 	// Every disk takes at least 74 bytes: a count larger than the stream
@@ -627,6 +695,9 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 		cd.Attr.UID = d.u32()
 		cd.Attr.GID = d.u32()
 		cd.Flags = d.u32()
+		if c.Version == sharedVersion {
+			cd.Origin = d.u64()
+		}
 		cd.Attr.Atime = int64(d.u64())
 		cd.Attr.Mtime = int64(d.u64())
 		cd.Attr.Ctime = int64(d.u64())
@@ -663,11 +734,18 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 	for i := range c.Free {
 		c.Free[i] = pext{Start: d.u64(), Len: d.u64()}
 	}
+	if uint64(nshared) > uint64(len(b)-d.off)/20 {
+		return nil, fmt.Errorf("checkpoint: %d shared extents, more than the stream holds: %w", nshared, ErrCorrupt)
+	}
+	c.Shared = make([]refcount.Extent, nshared)
+	for i := range c.Shared {
+		c.Shared[i] = refcount.Extent{Start: d.u64(), Len: d.u64(), Refs: d.u32()}
+	}
 	if d.err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", d.err)
 	}
 	if d.off != len(b) {
-		return nil, fmt.Errorf("checkpoint: %d bytes after the free map: %w", len(b)-d.off, ErrCorrupt)
+		return nil, fmt.Errorf("checkpoint: %d bytes after the free and shared maps: %w", len(b)-d.off, ErrCorrupt)
 	}
 	return c, nil
 }

@@ -62,7 +62,8 @@ type IOPlan struct {
 	first  uint64 // the first block of the range
 	d      *disk
 	lr     lockedRange
-	held   bool // lr is held
+	held   bool // lr is held (by the caller, if locked)
+	locked bool // planMode.locked
 	sc     *scratch
 	start  time.Time // the plan's submission
 }
@@ -87,6 +88,10 @@ type planMode struct {
 	// durable, is declined (errDeclined), with nothing held.
 	wait   bool
 	maxIOs int // the most I/Os a plan without wait may have
+	// locked: the caller holds an exclusive range lock over the request
+	// already (a punch or truncate rewriting a partial block): the plan
+	// neither takes nor releases it, and is not counted as a request.
+	locked bool
 }
 
 var (
@@ -168,9 +173,11 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 
 	first, count := coalesce.BlockRange(uoff, uint64(n), bs)
 	lr, held := lockedRange{}, true
-	if m.wait {
+	switch {
+	case m.locked:
+	case m.wait:
 		lr = d.ranges.lock(first, count, m.write)
-	} else {
+	default:
 		lr, held = d.ranges.tryLock(first, count, m.write)
 	}
 	if !held {
@@ -178,13 +185,17 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	}
 	sc := getScratch()
 	*pl = IOPlan{IOs: sc.ios[:0], write: m.write, be: s.be, sub: sub, p: p, off: off, first: first,
-		d: d, lr: lr, held: true, sc: sc}
+		d: d, lr: lr, held: true, locked: m.locked, sc: sc}
 	if err := h.live(); err != nil {
 		pl.release()
 		return m.decline(err)
 	}
 	if m.write {
-		if err := s.writable(); err != nil {
+		err := s.writable()
+		if err == nil {
+			err = d.readOnly()
+		}
+		if err != nil {
 			pl.release()
 			return m.decline(fmt.Errorf("disk %d write: %w", d.id, err))
 		}
@@ -192,6 +203,12 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
 	holes := hasHole(sc)
+	if m.write && d.mayShare.Load() { // shared blocks are written around, like holes
+		s.mu.Lock()
+		sc.cowed = s.cowLockedMu(d, sc)
+		s.mu.Unlock()
+		holes = holes || sc.cowed
+	}
 	var nb neighbours // only holes to fill need them: not on the read path
 	if m.write && holes {
 		nb = d.neighboursLockedMu(first, count)
@@ -238,6 +255,9 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 			}
 			copy(buf[uoff-first*bs:], p)
 		}
+	}
+	if sc.cowed { // from here on the shared pieces are holes to fill
+		sc.segs, sc.cow = sc.cow, sc.segs
 	}
 	segs := sc.segs // what the I/O goes to
 	if m.write && holes {
@@ -358,7 +378,9 @@ func (pl *IOPlan) Finish() {
 	} else if pl.bounce != nil {
 		copy(pl.p[:pl.N], pl.bounce[uint64(pl.off)-pl.first*d.s.bs:])
 	}
-	d.countRequest(sc, pl.write, uint64(pl.N))
+	if !pl.locked {
+		d.countRequest(sc, pl.write, uint64(pl.N))
+	}
 	pl.release()
 }
 
@@ -383,7 +405,9 @@ func (pl *IOPlan) release() {
 	}
 	s, sc := pl.d.s, pl.sc
 	s.unallocate(sc.allocs)
-	pl.lr.unlock()
+	if !pl.locked {
+		pl.lr.unlock()
+	}
 	if pl.bounce != nil {
 		s.pool.Put(pl.bounce)
 	}

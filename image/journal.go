@@ -8,6 +8,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
 // Commit makes every write, map change and catalog change acknowledged
@@ -238,6 +239,17 @@ func (s *Store) releaseLockedCommit(q []pext) {
 			merged = append(merged, e)
 		}
 	}
+	// Each held extent loses one reference; what loses its last is free.
+	s.mu.Lock()
+	var freed []refcount.Range
+	for _, e := range merged {
+		freed = s.mu.shared.Drop(e.Start, e.Len, freed)
+	}
+	s.mu.Unlock()
+	merged = merged[:0]
+	for _, f := range freed {
+		merged = append(merged, pext{Start: f.Start, Len: f.Len})
+	}
 	for _, e := range merged {
 		err := s.be.Discard(s.dataOff+int64(e.Start*s.bs), int64(e.Len*s.bs))
 		if err == nil {
@@ -378,6 +390,12 @@ func (s *Store) applyRecord(r *record, seq uint64) {
 			delete(s.mu.names, d.name)
 		}
 		delete(s.mu.disks, d.id)
+	case recClone, recFlags:
+		if s.sb.version() != sharedVersion {
+			bad("record type %d in a store of version %d", r.Type, s.sb.version())
+			return
+		}
+		s.replayShared(d, r, bad)
 	case recMap:
 		if r.Phys >= s.sb.DataBlocks || r.Len > s.sb.DataBlocks-r.Phys {
 			bad("disk %d maps physical blocks [%d,+%d) outside the data region", d.id, r.Phys, r.Len)
@@ -390,10 +408,16 @@ func (s *Store) applyRecord(r *record, seq uint64) {
 	}
 }
 
-func (s *Store) replayFree(freed []blockmap.Extent, bad func(string, ...any)) {
-	for _, f := range freed {
-		if err := s.mu.alloc.free(pext{Start: f.Phys, Len: f.Len}); err != nil {
-			bad("freeing physical blocks [%d,+%d): %v", f.Phys, f.Len, err)
+// replayFree drops one reference to each extent a replayed record
+// unmapped, freeing the blocks that lose their last.
+func (s *Store) replayFree(unmapped []blockmap.Extent, bad func(string, ...any)) {
+	var freed []refcount.Range
+	for _, u := range unmapped {
+		freed = s.mu.shared.Drop(u.Phys, u.Len, freed[:0])
+		for _, f := range freed {
+			if err := s.mu.alloc.free(pext{Start: f.Start, Len: f.Len}); err != nil {
+				bad("freeing physical blocks [%d,+%d): %v", f.Start, f.Len, err)
+			}
 		}
 	}
 }

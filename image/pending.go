@@ -35,7 +35,7 @@ func (p *pending) add(recs []record) {
 	}
 	for i := range recs {
 		p.recs = appendRecord(p.recs, &recs[i])
-		p.maps = p.maps || recs[i].Type == recMap
+		p.maps = p.maps || recs[i].Type == recMap || recs[i].Type == recClone
 	}
 	p.count += uint32(len(recs))
 }

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
 // Repair fixes what Check finds and returns a sentence per change. It never
@@ -14,9 +15,14 @@ import (
 //   - a disk with an invalid or duplicate name is renamed "recovered-ID.raw";
 //   - extents outside the data region, and extents past their disk's size,
 //     are dropped;
-//   - where two disks share physical blocks, the disk with the lower id
-//     keeps them and the other loses that range (no disk can then read
-//     another's bytes);
+//   - where two disks share physical blocks in a store of version 1 (which
+//     never shares), the disk with the lower id keeps them and the other
+//     loses that range (no disk can then read another's bytes); in a store
+//     of version 2 disks may share, and only a disk sharing blocks with the
+//     checkpoint loses them;
+//   - the reference counts of shared blocks are rebuilt from the maps (a
+//     count too high leaks the blocks, one too low would free them while
+//     mapped);
 //   - the free map is rebuilt from the maps (this fixes leaks and
 //     used-but-free blocks);
 //   - a fresh checkpoint is written through both superblock copies, which
@@ -118,10 +124,11 @@ func (s *Store) repairStateLockedCommit() []string {
 		})
 	}
 	sort.SliceStable(owners, func(i, j int) bool { return owners[i].Start < owners[j].Start })
+	sharing := s.sb.version() == sharedVersion
 	var claimedEnd uint64
 	var claimedBy string
 	for _, o := range owners {
-		if o.Start < claimedEnd && o.d != nil {
+		if o.Start < claimedEnd && o.d != nil && (!sharing || claimedBy == "the checkpoint") {
 			lo, hi := o.Start, min(o.end(), claimedEnd)
 			v := o.virt + (lo - o.Start)
 			o.d.m.Punch(v, hi-lo, nil)
@@ -139,14 +146,22 @@ func (s *Store) repairStateLockedCommit() []string {
 
 	// Free map: exactly what nobody uses.
 	var used []pext
+	var uses []refcount.Range
 	used = append(used, s.mu.ckptExts...)
 	extents := 0
 	for _, d := range ds {
 		extents += d.m.Len()
 		d.m.Ascend(func(e blockmap.Extent) bool {
 			used = append(used, pext{Start: e.Phys, Len: e.Len})
+			uses = append(uses, refcount.Range{Start: e.Phys, Len: e.Len})
 			return true
 		})
+	}
+	counts := refcount.New()
+	for _, e := range refcount.Depths(uses) {
+		if err := counts.Set(e); err != nil {
+			panic(fmt.Sprintf("image: repair: rebuilding the reference counts: %v", err))
+		}
 	}
 	sort.Slice(used, func(i, j int) bool { return used[i].Start < used[j].Start })
 	a := newAllocator(total)
@@ -159,10 +174,31 @@ func (s *Store) repairStateLockedCommit() []string {
 	if lost := s.mu.alloc.freeBlocks; lost != a.freeBlocks {
 		say("rebuilt the free map: %d free blocks (was %d)", a.freeBlocks, lost)
 	}
+	if before, after := s.mu.shared.Len(), counts.Len(); !sameCounts(s.mu.shared, counts) {
+		say("rebuilt the reference counts of shared blocks: %d stretches (were %d)", after, before)
+	}
+	s.mu.shared = counts
+	s.markSharingLockedMu()
 	s.mu.alloc = a
 	s.mu.pend.quarantine = nil
 	s.mu.inflight = map[uint64]uint64{}
 	s.mu.extents = extents
 	s.mu.Unlock()
 	return actions
+}
+
+// sameCounts reports whether two tables list the same counts.
+func sameCounts(a, b *refcount.Table) bool {
+	var ea, eb []refcount.Extent
+	a.Ascend(func(e refcount.Extent) bool { ea = append(ea, e); return true })
+	b.Ascend(func(e refcount.Extent) bool { eb = append(eb, e); return true })
+	if len(ea) != len(eb) {
+		return false
+	}
+	for i := range ea {
+		if ea[i] != eb[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
 // DefaultCommitInterval bounds how much acknowledged-but-unsynced work a
@@ -105,6 +106,7 @@ type Store struct {
 		names     map[string]*disk // named disks
 		nextID    uint64
 		alloc     *allocator
+		shared    *refcount.Table   // reference counts of blocks more than one map holds
 		inflight  map[uint64]uint64 // allocated, data being written: start → len
 		releasing int               // commits that took a quarantine and have not released it yet
 		pend      pending           // records not yet committed, the blocks they free
@@ -173,10 +175,11 @@ func Format(be backend.Backend, fo FormatOptions) error {
 	s.stats.init()
 	s.sb = sb
 	s.mu.alloc = newAllocator(sb.DataBlocks)
+	s.mu.shared = refcount.New()
 	if err := s.mu.alloc.free(pext{Start: 0, Len: sb.DataBlocks}); err != nil {
 		return fmt.Errorf("format: %w", err)
 	}
-	c := &checkpoint{Seq: 0, UUID: sb.UUID, NextID: 1}
+	c := &checkpoint{Version: formatVersion, Seq: 0, UUID: sb.UUID, NextID: 1}
 	exts, stream, err := s.writeCheckpointStream(c)
 	if err != nil {
 		return fmt.Errorf("format: %w", err)
@@ -336,12 +339,14 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	s.mu.names = make(map[string]*disk)
 	s.mu.inflight = make(map[uint64]uint64)
 	s.mu.alloc = newAllocator(sb.DataBlocks)
+	s.mu.shared = refcount.New()
 	if err := s.loadCheckpoint(); err != nil {
 		return nil, err
 	}
 	if err := s.replay(); err != nil {
 		return nil, err
 	}
+	s.markSharingLockedMu()
 	for _, f := range s.openFindings {
 		s.log.WithFields(logrus.Fields{"code": f.Code, "disk": f.Disk}).Warn(f.Message)
 	}
@@ -484,8 +489,14 @@ func (s *Store) appendLockedMu(recs ...record) {
 	s.mu.recGen += uint64(len(recs))
 }
 
-// quarantineLockedMu holds blocks freed by the records appended last until
-// those are durable (docs/DESIGN.md, crash rule 3). Caller holds s.mu.
+// quarantineLockedMu holds the references to blocks that the records
+// appended last drop (blocks a punch, truncate, delete or copy-on-write
+// unmapped) until those records are durable (docs/DESIGN.md, crash rule 3):
+// only then does each block lose the reference, and a block that loses
+// its last one becomes free (releaseLockedCommit). So a shared block's
+// count stays as it is on the backing until the records are durable, and
+// its last owner writes around it (copy-on-write) rather than into it
+// until then. Caller holds s.mu.
 func (s *Store) quarantineLockedMu(freed []blockmap.Extent) {
 	q := make([]pext, len(freed))
 	for i, f := range freed {
