@@ -28,7 +28,7 @@
 //     has no data to order and flushes once, after its journal write,
 //     unless a truncate or punch zeroed part of a block in place before its
 //     record: that zeroing is flushed first too).
-//  2. Writes to mapped blocks go in place.
+//  2. Writes to mapped, unshared blocks go in place.
 //  3. Freed blocks (punch, truncate, remove) stay in quarantine until the
 //     record that frees them is durable; only then may another disk get them.
 //  4. A journal commit carries a CRC-32C and a sequence number; replay stops
@@ -39,6 +39,10 @@
 //     flushed. The old checkpoint's blocks are released only after that.
 //  6. After a failed flush the store refuses further writes and syncs
 //     (ErrFailed): no later sync may pretend to cover data that was lost.
+//  7. A shared block (a clone's, a snapshot's: share.go) is never written
+//     in place; the write goes to new blocks, and the old one loses a
+//     reference only when that record is durable (rule 3 again), so its
+//     other owner writes around it until then. A block is free at count 0.
 //
 // # One data path
 //
