@@ -271,13 +271,13 @@ func allShared(t *refcount.Table, lo, hi uint64) bool {
 // a leak (the blocks would never be freed), below them fatal (they would
 // be freed while a disk still maps them). refs is sorted by Start.
 func (s *Store) checkCounts(rep *Report, counts map[string]int, refs []ref, shared *refcount.Table) {
-	var uses []pext
+	var uses []refcount.Range
 	for _, r := range refs {
 		if r.counted() {
-			uses = append(uses, r.pext)
+			uses = append(uses, refcount.Range{Start: r.Start, Len: r.Len})
 		}
 	}
-	depth := depthProfile(uses)
+	depth := refcount.Profile(uses)
 	shared.Ascend(func(e refcount.Extent) bool {
 		at := e.Start
 		report := func(lo, hi uint64, users uint32) {
@@ -304,33 +304,6 @@ func (s *Store) checkCounts(rep *Report, counts map[string]int, refs []ref, shar
 		}
 		return true
 	})
-}
-
-// depthProfile turns uses (sorted by Start, possibly overlapping) into the
-// stretches used at least once, each with its number of users.
-func depthProfile(uses []pext) []refcount.Extent {
-	type edge struct {
-		at    uint64
-		delta int
-	}
-	edges := make([]edge, 0, 2*len(uses))
-	for _, u := range uses {
-		edges = append(edges, edge{u.Start, 1}, edge{u.end(), -1})
-	}
-	sort.Slice(edges, func(i, j int) bool { return edges[i].at < edges[j].at })
-	var out []refcount.Extent
-	depth := 0
-	for i := 0; i < len(edges); {
-		at := edges[i].at
-		for i < len(edges) && edges[i].at == at {
-			depth += edges[i].delta
-			i++
-		}
-		if i < len(edges) && depth > 0 {
-			out = append(out, refcount.Extent{Start: at, Len: edges[i].at - at, Refs: uint32(depth)})
-		}
-	}
-	return out
 }
 
 // collectRefsLockedCut checks every disk's name and map and returns every

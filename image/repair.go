@@ -174,7 +174,7 @@ func (s *Store) repairStateLockedCommit() []string {
 	if lost := s.mu.alloc.freeBlocks; lost != a.freeBlocks {
 		say("rebuilt the free map: %d free blocks (was %d)", a.freeBlocks, lost)
 	}
-	if before, after := s.mu.shared.Len(), counts.Len(); !sameCounts(s.mu.shared, counts) {
+	if before, after := s.mu.shared.Len(), counts.Len(); !s.mu.shared.Equal(counts) {
 		say("rebuilt the reference counts of shared blocks: %d stretches (were %d)", after, before)
 	}
 	s.mu.shared = counts
@@ -185,20 +185,4 @@ func (s *Store) repairStateLockedCommit() []string {
 	s.mu.extents = extents
 	s.mu.Unlock()
 	return actions
-}
-
-// sameCounts reports whether two tables list the same counts.
-func sameCounts(a, b *refcount.Table) bool {
-	var ea, eb []refcount.Extent
-	a.Ascend(func(e refcount.Extent) bool { ea = append(ea, e); return true })
-	b.Ascend(func(e refcount.Extent) bool { eb = append(eb, e); return true })
-	if len(ea) != len(eb) {
-		return false
-	}
-	for i := range ea {
-		if ea[i] != eb[i] {
-			return false
-		}
-	}
-	return true
 }

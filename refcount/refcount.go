@@ -208,12 +208,11 @@ func appendRange(rs []Range, r Range) []Range {
 	return append(rs, r)
 }
 
-// Depths counts references from a list of uses: given every use of
-// physical blocks (each map extent, in any order), it returns the stretches
-// used at least twice with their counts, sorted and merged as a Table
-// lists them. It is how a checkpoint or a checker derives the table from
-// the maps.
-func Depths(uses []Range) []Extent {
+// Profile counts users from a list of uses: given every use of physical
+// blocks (each map extent, in any order), it returns the stretches used at
+// least once, sorted, each with its number of users (Refs), touching
+// stretches with equal counts merged.
+func Profile(uses []Range) []Extent {
 	type edge struct {
 		at    uint64
 		delta int
@@ -233,18 +232,44 @@ func Depths(uses []Range) []Extent {
 			depth += edges[i].delta
 			i++
 		}
-		if i == len(edges) {
-			break
+		if i == len(edges) || depth == 0 {
+			continue
 		}
-		next := edges[i].at
-		if depth >= 2 {
-			e := Extent{Start: at, Len: next - at, Refs: uint32(depth)}
-			if n := len(out); n > 0 && out[n-1].End() == e.Start && out[n-1].Refs == e.Refs {
-				out[n-1].Len += e.Len
-			} else {
-				out = append(out, e)
-			}
+		e := Extent{Start: at, Len: edges[i].at - at, Refs: uint32(depth)}
+		if n := len(out); n > 0 && out[n-1].End() == e.Start && out[n-1].Refs == e.Refs {
+			out[n-1].Len += e.Len
+		} else {
+			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// Depths is the table of uses: the stretches of Profile used at least
+// twice. It is how a checkpoint or a repair derives the counts from the
+// maps.
+func Depths(uses []Range) []Extent {
+	var out []Extent
+	for _, e := range Profile(uses) {
+		if e.Refs >= 2 {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Equal reports whether two tables list the same counts.
+func (t *Table) Equal(o *Table) bool {
+	if t.Len() != o.Len() {
+		return false
+	}
+	var a, b []Extent
+	t.Ascend(func(e Extent) bool { a = append(a, e); return true })
+	o.Ascend(func(e Extent) bool { b = append(b, e); return true })
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
