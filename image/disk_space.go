@@ -35,6 +35,9 @@ func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 		d.mu.RLock()
 		n := min(int64(s.bs), d.attr.Size-int64(v*s.bs))
 		d.mu.RUnlock()
+		if n <= 0 {
+			return nil // past the size: nothing there to keep
+		}
 		var pl IOPlan
 		h := &Disk{d: d} // an internal handle, never closed
 		if err := h.prepare(&pl, buf[:n], int64(v*s.bs), planMode{write: true, wait: true, locked: true}); err != nil {
