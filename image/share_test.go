@@ -304,3 +304,58 @@ func TestSharedBlockWaitsForTheDrop(t *testing.T) {
 		cs.Close()
 	}
 }
+
+// TestSpaceOpsOnSharedBlocks: truncate, punch and zero range of a disk
+// whose blocks another disk shares rewrite partial blocks around the
+// shared copy and drop whole ones: the other disk never changes.
+func TestSpaceOpsOnSharedBlocks(t *testing.T) {
+	ms := newMemStore(t, 16<<20, FormatOptions{})
+	s := ms.s
+	a := mustCreate(t, s, "a", 0)
+	defer a.Close()
+	data := randomBytes(4, 64<<10)
+	mustWrite(t, a, data, 0)
+	var copies []*Disk
+	for _, name := range []string{"b", "c", "d"} {
+		h := mustCreate(t, s, name, 0)
+		defer h.Close()
+		if _, err := h.CopyFrom(a, 0, 0, int64(len(data))); err != nil {
+			t.Fatal(err)
+		}
+		copies = append(copies, h)
+	}
+	if err := copies[0].Truncate(5000); err != nil {
+		t.Fatal(err)
+	}
+	if err := copies[1].Punch(100, 9000); err != nil {
+		t.Fatal(err)
+	}
+	if err := copies[2].ZeroRange(6000, 3000, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Truncate(20000); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		if !bytes.Equal(mustRead(t, a, 0, 20000), data[:20000]) {
+			t.Fatalf("%s: a changed", when)
+		}
+		want := map[int][]byte{0: data[:5000], 1: bytes.Clone(data), 2: bytes.Clone(data)}
+		clear(want[1][100:9100])
+		clear(want[2][6000:9000])
+		for i, h := range copies {
+			if got := mustRead(t, h, 0, int64(len(want[i]))); !bytes.Equal(got, want[i]) {
+				t.Fatalf("%s: copy %d differs", when, i)
+			}
+		}
+		if rep := s.Check(); !rep.Clean() {
+			t.Fatalf("%s: %v", when, rep.Findings)
+		}
+	}
+	check("before a commit")
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	check("after a commit")
+}
