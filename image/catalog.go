@@ -30,6 +30,11 @@ type DiskInfo struct {
 	Snapshot, Clone bool
 	OriginID        uint64
 	Origin          string
+	// UUID is the disk's identity across stores: given to a snapshot when
+	// it is taken (and to a disk received from a stream, its sender's),
+	// so that an incremental stream can name the snapshot it starts from.
+	// Zero for other disks.
+	UUID [16]byte
 }
 
 // Attr are the attributes given to a new disk. Zero times mean "now".

@@ -56,7 +56,7 @@ func (s *Store) checkpointLockedCommit() error {
 		d.mu.Lock()
 		maps[i] = d.m.Clone()
 		r := d.attrRecordLockedMu()
-		c.Disks[i] = ckptDisk{ID: d.id, Attr: r.Attr, Name: d.name, Flags: d.flags.Load(), Origin: d.origin}
+		c.Disks[i] = ckptDisk{ID: d.id, Attr: r.Attr, Name: d.name, Flags: d.flags.Load(), Origin: d.origin, UUID: d.uuid}
 		c.Disks[i].Attr.Size = d.attr.Size
 		if d.orphan {
 			c.Disks[i].Flags |= diskFlagOrphan
@@ -229,7 +229,7 @@ func (s *Store) loadCheckpoint() error {
 		d := s.newDisk(cd.ID, cd.Name, cd.Attr)
 		d.orphan = cd.Flags&diskFlagOrphan != 0
 		d.flags.Store(cd.Flags &^ diskFlagOrphan)
-		d.origin = cd.Origin
+		d.origin, d.uuid = cd.Origin, cd.UUID
 		for _, e := range cd.Extents { // sorted and disjoint: decodeCheckpoint checked
 			if err := d.m.Append(blockmap.Extent{Virt: e.Virt, Phys: e.Phys, Len: e.Len}); err != nil {
 				return fmt.Errorf("checkpoint: disk %d: %w: %w", cd.ID, err, ErrCorrupt)

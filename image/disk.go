@@ -23,7 +23,8 @@ type disk struct {
 	orphan  bool // unlinked while open: no name, deleted at the last Close
 	deleted bool
 
-	origin uint64 // the disk it is a snapshot or clone of (0: none)
+	origin uint64   // the disk it is a snapshot or clone of (0: none)
+	uuid   [16]byte // identity across stores, given to snapshots (zero: none)
 
 	// Guarded by s.mu:
 	opens int

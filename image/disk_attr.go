@@ -51,6 +51,7 @@ func (d *disk) infoLockedMu() DiskInfo {
 		Snapshot:  d.flags.Load()&diskFlagSnapshot != 0,
 		Clone:     d.flags.Load()&diskFlagClone != 0,
 		OriginID:  d.origin,
+		UUID:      d.uuid,
 	}
 }
 

@@ -319,7 +319,7 @@ const (
 	recPunch  = 8 // virtual blocks [virt, virt+len) are unmapped
 	// Version 2 (featShared):
 	recClone = 9  // [virt, virt+len) is unmapped, then maps what [srcVirt, +len) of disk src maps, sharing it
-	recFlags = 10 // a disk's flags (diskFlagSnapshot, diskFlagClone) and origin disk
+	recFlags = 10 // a disk's flags (diskFlagSnapshot, diskFlagClone), origin disk and identity
 )
 
 // diskAttr is what the catalog keeps of a disk besides its map.
@@ -341,6 +341,7 @@ type record struct {
 	Src       uint64   // recClone: the source disk; recFlags: the origin disk (0: none)
 	SrcVirt   uint64   // recClone
 	Flags     uint32   // recFlags
+	UUID      [16]byte // recFlags: the disk's identity (zero: none)
 }
 
 // appendRecord encodes r onto b.
@@ -374,6 +375,7 @@ func appendRecord(b []byte, r *record) []byte {
 	case recFlags:
 		b = le.AppendUint32(b, r.Flags)
 		b = le.AppendUint64(b, r.Src)
+		b = append(b, r.UUID[:]...)
 	default:
 		panic(fmt.Sprintf("image: encoding unknown record type %d", r.Type))
 	}
@@ -494,6 +496,7 @@ func decodeRecords(payload []byte, count uint32) ([]record, error) {
 			r.Src, r.SrcVirt, r.Virt, r.Len = d.u64(), d.u64(), d.u64(), d.u64()
 		case recFlags:
 			r.Flags, r.Src = d.u32(), d.u64()
+			copy(r.UUID[:], d.take(16))
 		default:
 			if d.err == nil {
 				return nil, fmt.Errorf("record %d: unknown type %d: %w", i, r.Type, ErrCorrupt)
@@ -577,7 +580,8 @@ type ckptDisk struct {
 	ID      uint64
 	Attr    diskAttr
 	Flags   uint32
-	Origin  uint64 // version 2: the disk it is a snapshot or clone of (0: none)
+	Origin  uint64   // version 2: the disk it is a snapshot or clone of (0: none)
+	UUID    [16]byte // version 2: the disk's identity across stores (zero: none)
 	Name    string
 	Extents []extentRec
 }
@@ -602,7 +606,7 @@ type checkpoint struct {
 func ckptSize(version uint32, disks, nameBytes, extents, free, shared int) int {
 	n := ckptHeaderLen + disks*(8+8+4+4+4+4+24+2+8) + nameBytes + extents*24 + free*16
 	if version == sharedVersion {
-		n += disks*8 + shared*20
+		n += disks*(8+16) + shared*20
 	}
 	return n
 }
@@ -629,6 +633,7 @@ func (c *checkpoint) encode(b []byte) []byte {
 		b = le.AppendUint32(b, d.Flags)
 		if c.Version == sharedVersion {
 			b = le.AppendUint64(b, d.Origin)
+			b = append(b, d.UUID[:]...)
 		}
 		b = le.AppendUint64(b, uint64(d.Attr.Atime))
 		b = le.AppendUint64(b, uint64(d.Attr.Mtime))
@@ -697,6 +702,7 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 		cd.Flags = d.u32()
 		if c.Version == sharedVersion {
 			cd.Origin = d.u64()
+			copy(cd.UUID[:], d.take(16))
 		}
 		cd.Attr.Atime = int64(d.u64())
 		cd.Attr.Mtime = int64(d.u64())

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -119,6 +120,9 @@ func (s *Store) snapshot(srcName, name string) (DiskInfo, error) {
 	d := s.newDisk(id, name, attr)
 	d.flags.Store(diskFlagSnapshot)
 	d.origin = src.id
+	if _, err := rand.Read(d.uuid[:]); err != nil {
+		return DiskInfo{}, fmt.Errorf("snapshot identity: %w", err)
+	}
 	d.m = src.m.Clone()
 	s.shareLockedMu(d, src)
 	s.mu.extents += d.m.Len()
@@ -126,7 +130,7 @@ func (s *Store) snapshot(srcName, name string) (DiskInfo, error) {
 	s.mu.names[name] = d
 	recs := []record{
 		{Type: recCreate, ID: id, Attr: attr, Name: name},
-		{Type: recFlags, ID: id, Flags: diskFlagSnapshot, Src: src.id},
+		{Type: recFlags, ID: id, Flags: diskFlagSnapshot, Src: src.id, UUID: d.uuid},
 	}
 	if blocks := coalesce.RoundUp(uint64(attr.Size), s.bs) / s.bs; blocks > 0 {
 		recs = append(recs, record{Type: recClone, ID: id, Src: src.id, Virt: 0, SrcVirt: 0, Len: blocks})
@@ -292,7 +296,7 @@ func (d *disk) share(src *disk, sv, v, count uint64, clone bool) error {
 	if clone {
 		d.flags.Store(d.flags.Load() | diskFlagClone)
 		d.origin = src.id
-		recs = append(recs, record{Type: recFlags, ID: d.id, Flags: d.flags.Load(), Src: src.id})
+		recs = append(recs, record{Type: recFlags, ID: d.id, Flags: d.flags.Load(), Src: src.id, UUID: d.uuid})
 	}
 	s.appendLockedMu(recs...)
 	s.quarantineLockedMu(unmapped)
@@ -326,7 +330,7 @@ func (s *Store) replayShared(d *disk, r *record, bad func(string, ...any)) {
 	switch r.Type {
 	case recFlags:
 		d.flags.Store(r.Flags)
-		d.origin = r.Src
+		d.origin, d.uuid = r.Src, r.UUID
 	case recClone:
 		src := s.mu.disks[r.Src]
 		if src == nil {

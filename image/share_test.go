@@ -231,8 +231,8 @@ func TestSnapshot(t *testing.T) {
 		}
 	}
 	info, _ := s.Stat("a-snap")
-	if !info.Snapshot || info.Origin != "a" {
-		t.Errorf("a-snap: snapshot %v origin %q", info.Snapshot, info.Origin)
+	if !info.Snapshot || info.Origin != "a" || info.UUID == ([16]byte{}) {
+		t.Errorf("a-snap: snapshot %v origin %q uuid %x", info.Snapshot, info.Origin, info.UUID)
 	}
 	// A clone of the snapshot is writable.
 	c := mustCreate(t, s, "c", 0)
@@ -251,6 +251,9 @@ func TestSnapshot(t *testing.T) {
 	}
 	if _, err := snap.WriteAt([]byte{1}, 0); !errors.Is(err, ErrReadOnlyDisk) {
 		t.Errorf("write to a snapshot after a reopen: %v", err)
+	}
+	if again, _ := ms.s.Stat("a-snap"); again.UUID != info.UUID || !again.Snapshot {
+		t.Errorf("after a reopen a-snap has uuid %x (was %x), snapshot %v", again.UUID, info.UUID, again.Snapshot)
 	}
 	if err := ms.s.Rename("a-snap", "renamed"); err != nil {
 		t.Fatal(err)
