@@ -101,7 +101,7 @@ type scratch struct {
 	allocs []pext
 	freed  []blockmap.Extent
 	ios    []BackingIO // an IOPlan's, while it is held
-	shard  uint32 // the counter shard this scratch's requests count into
+	shard  uint32      // the counter shard this scratch's requests count into
 }
 
 // scratchPool keeps scratches per P (sync.Pool's own rule), and each
