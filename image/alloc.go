@@ -362,17 +362,34 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) (
 
 // diskBase chooses the layout base of a disk of blocks blocks that has
 // nothing mapped (allocator.base): it avoids the layouts of the other
-// disks that have, each [its first extent's physical block - its virtual block,
-// + its size in blocks, or up to its last mapped block if that is more). The layouts are read disk by disk and may be
-// stale by the time the allocator is asked: a base is only a goal.
+// disks that have (layoutsExcept). A base is only a goal.
 func (s *Store) diskBase(self *disk, blocks uint64) (uint64, bool) {
 	if l := self.layout.Load(); l != 0 {
 		return l - 1, true
 	}
+	claimed := s.layoutsExcept(self)
+	s.mu.Lock()
+	base, ok := s.mu.alloc.base(blocks, claimed)
+	s.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	if !self.layout.CompareAndSwap(0, base+1) { // a concurrent first write chose first
+		base = self.layout.Load() - 1
+	}
+	return base, true
+}
+
+// layoutsExcept returns the layouts of the disks other than self that have
+// something mapped, sorted by start: each [its first extent's physical
+// block - its virtual block, + its size in blocks, or up to its last mapped
+// block if that is more). The layouts are read disk by disk and may be
+// stale by the time the allocator is asked: they only steer placement.
+func (s *Store) layoutsExcept(self *disk) []pext {
 	s.mu.Lock()
 	ds := make([]*disk, 0, len(s.mu.disks))
 	for _, d := range s.mu.disks {
-		if d != self { // its own first writes may be published meanwhile
+		if d != self { // its own layout is not in its way
 			ds = append(ds, d)
 		}
 	}
@@ -389,16 +406,7 @@ func (s *Store) diskBase(self *disk, blocks uint64) (uint64, bool) {
 		d.mu.RUnlock()
 	}
 	slices.SortFunc(claimed, func(a, b pext) int { return cmp.Compare(a.Start, b.Start) })
-	s.mu.Lock()
-	base, ok := s.mu.alloc.base(blocks, claimed)
-	s.mu.Unlock()
-	if !ok {
-		return 0, false
-	}
-	if !self.layout.CompareAndSwap(0, base+1) { // a concurrent first write chose first
-		base = self.layout.Load() - 1
-	}
-	return base, true
+	return claimed
 }
 
 // unallocate returns blocks that were allocated but never mapped: no record
