@@ -251,6 +251,65 @@ func subtract(f pext, claimed []pext) []pext {
 	return out
 }
 
+// region chooses where n blocks should go to lie in as few physical runs
+// as the free space allows (Store.Defrag), without taking them: the
+// smallest free stretch outside every claimed layout (sorted by start, as
+// for base) that holds all n, its first n blocks; else the largest such
+// stretches, largest first, until they hold n. When the stretches outside
+// the claimed layouts hold fewer than n blocks in all, the store is short
+// of space and layouts give way: the same choice is made among all free
+// extents. The runs come sorted by start; together they hold n blocks, or
+// every free block when fewer are free.
+func (a *allocator) region(n uint64, claimed []pext) []pext {
+	var outside []pext
+	var outsideBlocks uint64
+	a.byStart.Ascend(func(f pext) bool {
+		for _, piece := range subtract(f, claimed) {
+			outside = append(outside, piece)
+			outsideBlocks += piece.Len
+		}
+		return true
+	})
+	candidates := outside
+	if outsideBlocks < n {
+		candidates = a.extents()
+	}
+	return fewestRuns(candidates, n)
+}
+
+// fewestRuns picks from the free runs candidates the fewest that hold n
+// blocks: the smallest run that holds all n (its first n blocks), else the
+// largest runs, largest first, until they hold n (the last one only as
+// much of it as is needed) or the candidates run out. The picks come
+// sorted by start.
+func fewestRuns(candidates []pext, n uint64) []pext {
+	if n == 0 {
+		return nil
+	}
+	best, found := pext{}, false
+	for _, c := range candidates {
+		if c.Len >= n && (!found || c.Len < best.Len) {
+			best, found = c, true
+		}
+	}
+	if found {
+		return []pext{{Start: best.Start, Len: n}}
+	}
+	bySize := slices.Clone(candidates)
+	slices.SortStableFunc(bySize, func(a, b pext) int { return cmp.Compare(b.Len, a.Len) })
+	var picked []pext
+	for _, c := range bySize {
+		if n == 0 {
+			break
+		}
+		take := min(c.Len, n)
+		picked = append(picked, pext{Start: c.Start, Len: take})
+		n -= take
+	}
+	slices.SortFunc(picked, func(a, b pext) int { return cmp.Compare(a.Start, b.Start) })
+	return picked
+}
+
 // allocHigh takes n blocks from the top of the data region downward, for
 // checkpoints, keeping metadata away from where data streams grow. At most
 // maxExts extents; otherwise nothing is taken and ErrNoSpace is returned.
