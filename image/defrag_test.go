@@ -21,8 +21,8 @@ import (
 // layouts, goes into f.raw's holes, one block here, one there. Then f.raw
 // and g.raw are removed and that committed: the store has room blocks free
 // in one run (and f.raw's blocks between a.raw's), so a.raw fits in one
-// run when room >= blocks.
-func fragmentedDisk(t *testing.T, s *Store, room, blocks uint64) []byte {
+// run when room >= blocks. a.raw is left open, until the test ends.
+func fragmentedDisk(t *testing.T, s *Store, room, blocks uint64) (*Disk, []byte) {
 	t.Helper()
 	const bs = 4096
 	rng := rand.New(rand.NewPCG(room, blocks))
@@ -67,7 +67,12 @@ func fragmentedDisk(t *testing.T, s *Store, room, blocks uint64) []byte {
 		}
 	}
 	commit(t, s)
-	return want
+	a, err := s.OpenDisk("a.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a, want
 }
 
 func commit(t *testing.T, s *Store) {
@@ -85,11 +90,8 @@ func TestDefragMakesContiguous(t *testing.T) {
 	const blocks = 2048
 	ms := newMemStore(t, 64<<20, FormatOptions{})
 	s := ms.s
-	want := fragmentedDisk(t, s, 4096, blocks)
-	before, err := s.Stat("a.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, want := fragmentedDisk(t, s, 4096, blocks)
+	before := a.Stat()
 	if before.Extents < blocks/2 {
 		t.Fatalf("the fragmented disk has %d extents for %d blocks: the setup did not fragment it", before.Extents, blocks)
 	}
@@ -117,10 +119,6 @@ func TestDefragMakesContiguous(t *testing.T) {
 		t.Errorf("after defrag: %+v, want 1 extent and the allocation and size of before: %+v", got, before)
 	}
 	// The bytes are the same, and a 1 MiB read is one backend read.
-	a, err := s.OpenDisk("a.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := make([]byte, len(want))
 	reads := s.Counters().DataReads
 	for off := 0; off < len(got); off += 1 << 20 {
@@ -128,7 +126,6 @@ func TestDefragMakesContiguous(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a.Close()
 	if !bytes.Equal(got, want) {
 		t.Fatal("the disk reads other bytes after defrag")
 	}
@@ -152,18 +149,13 @@ func TestDefragMakesContiguous(t *testing.T) {
 // TestDefragKeepsHoles: holes stay holes (they read zeros and take no
 // blocks), the data around them ends up in one run of adjacent blocks, in
 // chunks of virtual space each committed on its own (a chunk of only
-// holes is passed over); a sparse disk laid
-// out by virtual offset is left alone.
+// holes is passed over); a sparse disk laid out by virtual offset is left
+// alone.
 func TestDefragKeepsHoles(t *testing.T) {
 	const blocks, bs = 2048, 4096
 	ms := newMemStore(t, 64<<20, FormatOptions{})
 	s := ms.s
-	want := fragmentedDisk(t, s, 4096, blocks)
-	a, err := s.OpenDisk("a.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a, want := fragmentedDisk(t, s, 4096, blocks)
 	for _, h := range [][2]int64{{0, 3}, {100, 200}, {1000, 1}, {2040, 8}} { // first block, length
 		if err := a.Punch(h[0]*bs, h[1]*bs); err != nil {
 			t.Fatal(err)
@@ -223,7 +215,7 @@ func TestDefragNoRoom(t *testing.T) {
 	const blocks = 2048
 	ms := newMemStore(t, 64<<20, FormatOptions{})
 	s := ms.s
-	want := fragmentedDisk(t, s, 0, blocks)
+	a, want := fragmentedDisk(t, s, 0, blocks)
 	// Fill the free space: what is left is less than a.raw's data.
 	h := mustCreate(t, s, "h.raw", 0)
 	p := bytes.Repeat([]byte{9}, 1<<20)
@@ -235,7 +227,7 @@ func TestDefragNoRoom(t *testing.T) {
 		t.Fatalf("filling the store: %v, want ErrNoSpace", err)
 	}
 	h.Close()
-	before, _ := s.Stat("a.raw")
+	before := a.Stat()
 	res, err := s.Defrag("a.raw", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -255,12 +247,7 @@ func TestDefragWithOpenHandle(t *testing.T) {
 	const blocks, bs = 2048, 4096
 	ms := newMemStore(t, 64<<20, FormatOptions{})
 	s := ms.s
-	want := fragmentedDisk(t, s, 4096, blocks)
-	a, err := s.OpenDisk("a.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a, want := fragmentedDisk(t, s, 4096, blocks)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -294,15 +281,10 @@ func TestDefragWithOpenHandle(t *testing.T) {
 func TestDefragPowerCut(t *testing.T) {
 	const blocks = 256
 	c, s := crashStore(t, 16<<20)
-	want := fragmentedDisk(t, s, 512, blocks)
-	if st, _ := s.Stat("a.raw"); st.Extents < blocks/2 {
-		t.Fatalf("the fragmented disk has %d extents for %d blocks: the setup did not fragment it", st.Extents, blocks)
+	a, want := fragmentedDisk(t, s, 512, blocks)
+	if n := a.Stat().Extents; n < blocks/2 {
+		t.Fatalf("the fragmented disk has %d extents for %d blocks: the setup did not fragment it", n, blocks)
 	}
-	a, err := s.OpenDisk("a.raw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
 	start, commits := c.OpCount(), s.Counters().Commits
 	res, err := a.d.defrag("a.raw", 64, nil)
 	if err != nil {
