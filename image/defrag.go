@@ -1,7 +1,10 @@
 package image
 
 import (
+	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 )
@@ -261,9 +264,9 @@ func (d *disk) defragChunk(first, count uint64, t *defragTarget, copied func(blo
 // copyBlocks copies the blocks of the data segments src, laid end to end
 // in virtual order, to the blocks of dst, as many, in order. It goes
 // through one pooled buffer of maxRunBytes: each backend read is the part
-// of one physically contiguous source run in the buffer, each write the
-// part of one destination extent, so both are as large as the layouts
-// allow, and aligned like every data I/O. copied is told the blocks
+// of one physically contiguous source run in the buffer (readParts issues
+// them concurrently), each write the part of one destination extent, so
+// both are as large as the layouts allow, and aligned like every data I/O. copied is told the blocks
 // written after each buffer. The writes count for the next commit's flush.
 func (s *Store) copyBlocks(src []blockmap.Segment, dst []pext, copied func(blocks uint64)) error {
 	bs := s.bs
@@ -284,15 +287,18 @@ func (s *Store) copyBlocks(src []blockmap.Segment, dst []pext, copied func(block
 	c := s.stats.shard(sc)
 	window := uint64(maxRunBytes) / bs
 	total := blocksOf(dst)
+	var reads []bufPart
 	for at := uint64(0); at < total; at += window {
 		n := min(window, total-at)
-		err := forParts(from, at, n, func(off, phys, count uint64) error {
-			return s.readData(c, buf[off*bs:(off+count)*bs], phys)
+		reads = reads[:0]
+		_ = forParts(from, at, n, func(off, phys, count uint64) error {
+			reads = append(reads, bufPart{buf: buf[off*bs : (off+count)*bs], phys: phys})
+			return nil
 		})
-		if err != nil {
+		if err := s.readParts(c, reads); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
-		err = forParts(dst, at, n, func(off, phys, count uint64) error {
+		err := forParts(dst, at, n, func(off, phys, count uint64) error {
 			return s.writeData(c, buf[off*bs:(off+count)*bs], phys, false)
 		})
 		if err != nil {
@@ -302,6 +308,42 @@ func (s *Store) copyBlocks(src []blockmap.Segment, dst []pext, copied func(block
 	}
 	s.writeGen.Add(1)
 	return nil
+}
+
+// defragReaders is how many reads of one buffer copyBlocks has in flight
+// at once: a fragmented disk's blocks are many small runs, each a read of
+// its own, and one at a time they would take a device round trip each.
+const defragReaders = 16
+
+// bufPart is one read of copyBlocks: len(buf) bytes from physical block
+// phys.
+type bufPart struct {
+	buf  []byte
+	phys uint64
+}
+
+// readParts performs the reads parts, defragReaders at a time, through
+// readData, and returns their errors once all have completed.
+func (s *Store) readParts(c *Shard, parts []bufPart) error {
+	workers := min(defragReaders, len(parts))
+	errs := make([]error, workers)
+	var next atomic.Int64 // the index of the next part to read
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for errs[w] == nil {
+				i := int(next.Add(1)) - 1
+				if i >= len(parts) {
+					return
+				}
+				errs[w] = s.readData(c, parts[i].buf, parts[i].phys)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // forParts calls fn for each part of blocks [at, at+n) of the stream that
