@@ -41,6 +41,9 @@ committed like any write, so a crash or an interrupted defrag leaves every
 disk reading what it held. Holes stay holes. A disk already contiguous is
 left alone, and so is one the free space cannot improve (less free space
 than the disk's data, or only in smaller runs than the disk lies in now).
+When no free run holds a disk, it goes to the largest ones and the output
+says how many; the blocks it left are free afterwards, so a second defrag
+may join those runs.
 
 Defrag works offline: it refuses a mounted store. It prints a line per disk
 (extents before and after, average extent size, bytes moved) and shows a
@@ -139,7 +142,7 @@ func (d defragEntry) summary() string {
 	line := fmt.Sprintf("%s: %d → %s, average extent %s → %s, moved %s", d.Name, d.ExtentsBefore, extents(d.ExtentsAfter),
 		formatSize(d.AvgExtentBefore), formatSize(d.AvgExtentAfter), formatSize(d.MovedBytes))
 	if d.FreeRuns > 1 {
-		line += fmt.Sprintf(" (no free run held it all: it went to %d)", d.FreeRuns)
+		line += fmt.Sprintf(" (no free run held it all: it went to %d; run defrag again to join them)", d.FreeRuns)
 	}
 	return line
 }
