@@ -138,10 +138,10 @@ func (d *disk) defrag(name string, chunk uint64, progress func(done, total uint6
 		res.MovedBytes += int64(moved * s.bs)
 		res.FreeRuns = target.runs
 		if err != nil {
-			return res, fmt.Errorf("move blocks [%d,+%d): %w", first, chunk, err)
+			return res, fmt.Errorf("move virtual blocks [%d,+%d): %w", first, chunk, err)
 		}
 		if err := s.Commit(); err != nil {
-			return res, fmt.Errorf("commit blocks [%d,+%d): %w", first, chunk, err)
+			return res, fmt.Errorf("commit the move of virtual blocks [%d,+%d): %w", first, chunk, err)
 		}
 		v = first + chunk
 	}
