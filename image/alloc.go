@@ -251,6 +251,65 @@ func subtract(f pext, claimed []pext) []pext {
 	return out
 }
 
+// region chooses where n blocks should go to lie in as few physical runs
+// as the free space allows (Store.Defrag), without taking them: the
+// smallest free stretch outside every claimed layout (sorted by start, as
+// for base) that holds all n, its first n blocks; else the largest such
+// stretches, largest first, until they hold n. When the stretches outside
+// the claimed layouts hold fewer than n blocks in all, the store is short
+// of space and layouts give way: the same choice is made among all free
+// extents. The runs come sorted by start; together they hold n blocks, or
+// every free block when fewer are free.
+func (a *allocator) region(n uint64, claimed []pext) []pext {
+	var outside []pext
+	var outsideBlocks uint64
+	a.byStart.Ascend(func(f pext) bool {
+		for _, piece := range subtract(f, claimed) {
+			outside = append(outside, piece)
+			outsideBlocks += piece.Len
+		}
+		return true
+	})
+	candidates := outside
+	if outsideBlocks < n {
+		candidates = a.extents()
+	}
+	return fewestRuns(candidates, n)
+}
+
+// fewestRuns picks from the free runs candidates the fewest that hold n
+// blocks: the smallest run that holds all n (its first n blocks), else the
+// largest runs, largest first, until they hold n (the last one only as
+// much of it as is needed) or the candidates run out. The picks come
+// sorted by start.
+func fewestRuns(candidates []pext, n uint64) []pext {
+	if n == 0 {
+		return nil
+	}
+	best, found := pext{}, false
+	for _, c := range candidates {
+		if c.Len >= n && (!found || c.Len < best.Len) {
+			best, found = c, true
+		}
+	}
+	if found {
+		return []pext{{Start: best.Start, Len: n}}
+	}
+	bySize := slices.Clone(candidates)
+	slices.SortStableFunc(bySize, func(a, b pext) int { return cmp.Compare(b.Len, a.Len) })
+	var picked []pext
+	for _, c := range bySize {
+		if n == 0 {
+			break
+		}
+		take := min(c.Len, n)
+		picked = append(picked, pext{Start: c.Start, Len: take})
+		n -= take
+	}
+	slices.SortFunc(picked, func(a, b pext) int { return cmp.Compare(a.Start, b.Start) })
+	return picked
+}
+
 // allocHigh takes n blocks from the top of the data region downward, for
 // checkpoints, keeping metadata away from where data streams grow. At most
 // maxExts extents; otherwise nothing is taken and ErrNoSpace is returned.
@@ -362,17 +421,34 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) (
 
 // diskBase chooses the layout base of a disk of blocks blocks that has
 // nothing mapped (allocator.base): it avoids the layouts of the other
-// disks that have, each [its first extent's physical block - its virtual block,
-// + its size in blocks, or up to its last mapped block if that is more). The layouts are read disk by disk and may be
-// stale by the time the allocator is asked: a base is only a goal.
+// disks that have (layoutsExcept). A base is only a goal.
 func (s *Store) diskBase(self *disk, blocks uint64) (uint64, bool) {
 	if l := self.layout.Load(); l != 0 {
 		return l - 1, true
 	}
+	claimed := s.layoutsExcept(self)
+	s.mu.Lock()
+	base, ok := s.mu.alloc.base(blocks, claimed)
+	s.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	if !self.layout.CompareAndSwap(0, base+1) { // a concurrent first write chose first
+		base = self.layout.Load() - 1
+	}
+	return base, true
+}
+
+// layoutsExcept returns the layouts of the disks other than self that have
+// something mapped, sorted by start: each [its first extent's physical
+// block - its virtual block, + its size in blocks, or up to its last mapped
+// block if that is more). The layouts are read disk by disk and may be
+// stale by the time the allocator is asked: they only steer placement.
+func (s *Store) layoutsExcept(self *disk) []pext {
 	s.mu.Lock()
 	ds := make([]*disk, 0, len(s.mu.disks))
 	for _, d := range s.mu.disks {
-		if d != self { // its own first writes may be published meanwhile
+		if d != self { // its own layout is not in its way
 			ds = append(ds, d)
 		}
 	}
@@ -389,16 +465,7 @@ func (s *Store) diskBase(self *disk, blocks uint64) (uint64, bool) {
 		d.mu.RUnlock()
 	}
 	slices.SortFunc(claimed, func(a, b pext) int { return cmp.Compare(a.Start, b.Start) })
-	s.mu.Lock()
-	base, ok := s.mu.alloc.base(blocks, claimed)
-	s.mu.Unlock()
-	if !ok {
-		return 0, false
-	}
-	if !self.layout.CompareAndSwap(0, base+1) { // a concurrent first write chose first
-		base = self.layout.Load() - 1
-	}
-	return base, true
+	return claimed
 }
 
 // unallocate returns blocks that were allocated but never mapped: no record

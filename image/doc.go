@@ -67,7 +67,13 @@
 // sequential stream stays one extent, a disk filled in random order too
 // where its layout is free, and package coalesce turns a request's
 // lookup segments into one backend I/O per physically contiguous run. A
-// block-aligned request whose buffer is 4 KiB aligned in memory (what
+// disk whose blocks are scattered all the same (laid out before placement
+// followed the virtual offset, or where its layout was taken) is rewritten
+// into one run by Store.Defrag (defrag.go), chunk by chunk, as crash-safe
+// as a write into holes: new blocks, then the map, then the old blocks
+// through the quarantine.
+//
+// A block-aligned request whose buffer is 4 KiB aligned in memory (what
 // go-fuse hands over) goes to O_DIRECT without a copy; anything else goes
 // through one pooled aligned buffer, with at most two read-modify-write
 // edge blocks.

@@ -112,7 +112,7 @@ func diskByName(t *testing.T, store, name string) lsEntry {
 
 func TestHelp(t *testing.T) {
 	r := mustRun(t, "--help")
-	for _, c := range []string{"format", "mount", "create", "ls", "info", "rm", "resize", "rename", "import", "export", "fsck", "--log-level", "Exit codes"} {
+	for _, c := range []string{"format", "mount", "create", "ls", "info", "rm", "resize", "rename", "import", "export", "fsck", "defrag", "--log-level", "Exit codes"} {
 		if !strings.Contains(r.stdout, c) {
 			t.Errorf("help does not mention %q:\n%s", c, r.stdout)
 		}
@@ -177,6 +177,7 @@ func TestLockedStore(t *testing.T) {
 		{"export", store, "a.raw", dst},
 		{"fsck", store},
 		{"fsck", "--repair", store},
+		{"defrag", store},
 	} {
 		t.Run(args[0], func(t *testing.T) {
 			r := wantFail(t, exitFailure, []string{"locked", "vdisk test"}, args...)

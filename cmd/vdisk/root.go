@@ -122,6 +122,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newImportCmd(e),
 		newExportCmd(e),
 		newFsckCmd(e),
+		newDefragCmd(e),
 		newStatsCmd(e),
 		newSyncCmd(e),
 		newUmountCmd(e),
