@@ -74,6 +74,8 @@ type DefragResult struct {
 //   - The disk's blocks end up adjacent on the backing: holes take no
 //     space between them (a write into a hole later goes wherever the
 //     allocator finds room).
+//   - Blocks the disk shares with others (a clone's, a snapshot's) stay
+//     where they are: moving them would store them twice.
 //   - A disk whose blocks already lie in one run on the backing (a single
 //     extent, or extents that each start where the one before ends, or
 //     apart by just the holes between them: layoutRunsLockedMu) is left
@@ -237,6 +239,13 @@ func (d *disk) defragChunk(first, count uint64, t *defragTarget, copied func(blo
 	}
 	d.mu.RLock()
 	segs := d.m.Lookup(nil, first, count)
+	if d.mayShare.Load() {
+		// Shared blocks stay where they are: moving them would copy
+		// them for this disk alone, and the store would hold them twice.
+		s.mu.Lock()
+		segs, _ = s.sharedAsHolesLockedMu(nil, segs)
+		s.mu.Unlock()
+	}
 	d.mu.RUnlock()
 	data := segs[:0]
 	var n uint64

@@ -379,6 +379,7 @@ func (s *Store) applyRecord(r *record, seq uint64) {
 		}
 		d.name = r.Name
 		s.mu.names[r.Name] = d
+		d.orphan = false // a hidden disk published (Disk.Publish)
 	case recUnlink:
 		if s.mu.names[d.name] == d {
 			delete(s.mu.names, d.name)

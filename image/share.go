@@ -396,30 +396,36 @@ func (s *Store) cowLockedMu(d *disk, sc *scratch) bool {
 	if !d.mayShare.Load() {
 		return false
 	}
+	var any bool
+	sc.cow, any = s.sharedAsHolesLockedMu(sc.cow[:0], sc.segs)
+	return any
+}
+
+// sharedAsHolesLockedMu appends to dst the segments segs (a lookup) with
+// every piece whose blocks are shared turned into a hole, holes next to
+// each other merged as a lookup returns them, and reports whether any
+// piece was shared. Caller holds s.mu.
+func (s *Store) sharedAsHolesLockedMu(dst, segs []blockmap.Segment) ([]blockmap.Segment, bool) {
 	any := false
-	sc.cow = sc.cow[:0]
-	for _, sg := range sc.segs {
+	add := func(sg blockmap.Segment) {
+		if sg.Hole {
+			sg.Phys = 0
+			if n := len(dst); n > 0 && dst[n-1].Hole {
+				dst[n-1].Len += sg.Len
+				return
+			}
+		}
+		dst = append(dst, sg)
+	}
+	for _, sg := range segs {
 		if sg.Hole || !s.mu.shared.Shared(sg.Phys, sg.Len) {
-			sc.cow = append(sc.cow, sg)
+			add(sg)
 			continue
 		}
 		any = true
 		s.mu.shared.Pieces(sg.Phys, sg.Len, func(p, l uint64, refs uint32) {
-			sc.cow = append(sc.cow, blockmap.Segment{Virt: sg.Virt + (p - sg.Phys), Len: l, Phys: p, Hole: refs > 1})
+			add(blockmap.Segment{Virt: sg.Virt + (p - sg.Phys), Len: l, Phys: p, Hole: refs > 1})
 		})
 	}
-	// Holes next to each other become one, as a lookup returns them.
-	out := sc.cow[:0]
-	for _, sg := range sc.cow {
-		if sg.Hole {
-			sg.Phys = 0
-			if n := len(out); n > 0 && out[n-1].Hole {
-				out[n-1].Len += sg.Len
-				continue
-			}
-		}
-		out = append(out, sg)
-	}
-	sc.cow = out
-	return any
+	return dst, any
 }

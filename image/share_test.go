@@ -362,3 +362,49 @@ func TestSpaceOpsOnSharedBlocks(t *testing.T) {
 	}
 	check("after a commit")
 }
+
+// TestDefragLeavesSharedBlocks: defrag of a disk that shares blocks moves
+// only its own: the shared ones stay shared (no block is stored twice),
+// and both disks read as before.
+func TestDefragLeavesSharedBlocks(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	s := ms.s
+	a := mustCreate(t, s, "a", 0)
+	defer a.Close()
+	data := randomBytes(7, 4<<20)
+	mustWrite(t, a, data, 0)
+	b := mustCreate(t, s, "b", 0)
+	defer b.Close()
+	if _, err := b.CopyFrom(a, 0, 0, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	// Fragment b's own blocks: overwrite every other 4 KiB block (each
+	// goes copy-on-write to new blocks).
+	want := bytes.Clone(data)
+	for off := 0; off < len(data); off += 8192 {
+		p := randomBytes(uint64(off), 4096)
+		mustWrite(t, b, p, int64(off))
+		copy(want[off:], p)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.Stat("b")
+	used := s.Info().FreeBlocks
+	if _, err := s.Defrag("b", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := s.Stat("b")
+	if after.Shared != before.Shared {
+		t.Errorf("b shares %d bytes after defrag, %d before", after.Shared, before.Shared)
+	}
+	if got := s.Info().FreeBlocks; got != used {
+		t.Errorf("free blocks %d after defrag, %d before: shared blocks were copied", got, used)
+	}
+	if !bytes.Equal(mustRead(t, b, 0, int64(len(want))), want) || !bytes.Equal(mustRead(t, a, 0, int64(len(data))), data) {
+		t.Fatal("defrag changed what a disk reads")
+	}
+}
