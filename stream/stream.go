@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+
+	"github.com/ncw/directio"
 )
 
 // Version is the stream format this package writes and reads.
@@ -272,7 +274,9 @@ func (sr *Reader) Next() (Record, error) {
 		sum := crc32.Checksum(hdr[:], table)
 		if !rec.Zero {
 			if cap(sr.buf) < int(rec.Len) {
-				sr.buf = make([]byte, rec.Len)
+				// Aligned for O_DIRECT, so that a receiver's write goes
+				// to the backing without a bounce buffer.
+				sr.buf = directio.AlignedBlock(int(rec.Len+4095) &^ 4095)
 			}
 			rec.Data = sr.buf[:rec.Len]
 			if err := sr.full(rec.Data, "records"); err != nil {
