@@ -10,12 +10,14 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// The on-disk format versions of this build: the one it writes and those it
-// reads. They mirror image's unexported formatVersion (image/format.go);
-// TestVersionFormatMatchesStore checks them against a freshly formatted store.
+// The on-disk format versions of this build: the one a new store gets and
+// those it reads (2: a store that shares blocks, from its first clone or
+// snapshot on). They mirror image's unexported formatVersion and
+// sharedVersion (image/format.go); TestVersionFormatMatchesStore checks
+// them against a freshly formatted store.
 const formatVersionWritten = 1
 
-var formatVersionsRead = []int{1}
+var formatVersionsRead = []int{1, 2}
 
 // buildVersion and buildRevision may be set at link time (the Makefile does,
 // with -ldflags -X, from git describe and git rev-parse) for builds whose

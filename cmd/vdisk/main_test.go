@@ -112,7 +112,7 @@ func diskByName(t *testing.T, store, name string) lsEntry {
 
 func TestHelp(t *testing.T) {
 	r := mustRun(t, "--help")
-	for _, c := range []string{"format", "mount", "create", "ls", "info", "rm", "resize", "rename", "import", "export", "fsck", "defrag", "--log-level", "Exit codes"} {
+	for _, c := range []string{"format", "mount", "create", "ls", "info", "rm", "resize", "rename", "import", "export", "fsck", "defrag", "diff", "send", "receive", "--log-level", "Exit codes"} {
 		if !strings.Contains(r.stdout, c) {
 			t.Errorf("help does not mention %q:\n%s", c, r.stdout)
 		}
@@ -178,6 +178,9 @@ func TestLockedStore(t *testing.T) {
 		{"fsck", store},
 		{"fsck", "--repair", store},
 		{"defrag", store},
+		{"diff", store, "a.raw", "b.raw"},
+		{"send", store, "a.raw"},
+		{"receive", store, "c.raw", src},
 	} {
 		t.Run(args[0], func(t *testing.T) {
 			r := wantFail(t, exitFailure, []string{"locked", "vdisk test"}, args...)

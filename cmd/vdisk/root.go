@@ -123,6 +123,9 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newExportCmd(e),
 		newFsckCmd(e),
 		newDefragCmd(e),
+		newDiffCmd(e),
+		newSendCmd(e),
+		newReceiveCmd(e),
 		newStatsCmd(e),
 		newSyncCmd(e),
 		newUmountCmd(e),
@@ -157,6 +160,16 @@ func parseLogLevel(s string) (logrus.Level, error) {
 }
 
 // exactArgs is cobra.ExactArgs naming the expected arguments in the error.
+// rangeArgs accepts from min arguments to all of names (the rest optional).
+func rangeArgs(min int, names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < min || len(args) > len(names) {
+			return fmt.Errorf("%s takes %d to %d arguments (%s), got %d", cmd.CommandPath(), min, len(names), strings.Join(names, " "), len(args))
+		}
+		return nil
+	}
+}
+
 func exactArgs(names ...string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != len(names) {

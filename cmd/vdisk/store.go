@@ -66,8 +66,9 @@ func (e *env) newProgress(total int64, desc string) *progress {
 }
 
 // newProgressOf is newProgress for a count of bytes (inBytes) or of items.
+// A total of -1 is unknown (a stream): the bar counts without an end.
 func (e *env) newProgressOf(total int64, desc string, inBytes bool) *progress {
-	if !e.isTerminal || total <= 0 {
+	if !e.isTerminal || total == 0 || total < -1 {
 		return &progress{}
 	}
 	opts := []progressbar.Option{
@@ -88,6 +89,13 @@ func (e *env) newProgressOf(total int64, desc string, inBytes bool) *progress {
 func (p *progress) set(n int64) {
 	if p.bar != nil {
 		_ = p.bar.Set64(n)
+	}
+}
+
+// setTotal changes the bar's end to n bytes.
+func (p *progress) setTotal(n int64) {
+	if p.bar != nil {
+		p.bar.ChangeMax64(n)
 	}
 }
 

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/transfer"
+)
+
+// diffEntry is one changed range in `vdisk diff --json`.
+type diffEntry struct {
+	Offset int64  `json:"offset"`
+	Length int64  `json:"length"`
+	Kind   string `json:"kind"` // "data" or "zero"
+}
+
+func newDiffCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "diff STORE OLD NEW",
+		Short: "List the byte ranges where one disk differs from another",
+		Long: `Diff lists the byte ranges of disk NEW that differ from disk OLD: "data" where
+NEW has bytes OLD does not, "zero" where NEW reads zeros over OLD's data.
+For disks related by a snapshot or a clone the answer comes from the block
+maps alone, without reading data (a block written since was copied on write,
+so it maps elsewhere); for unrelated disks the data is compared where both
+map blocks. The last line sums it up.`,
+		Example: "  vdisk diff /srv/vdisks.img vm1-monday vm1-tuesday",
+		Args:    exactArgs("STORE", "OLD", "NEW"),
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			s, err := e.openStore(args[0], "diff", true)
+			if err != nil {
+				return err
+			}
+			defer e.closeStore(s, &err)
+			return runDiff(e, s, args[1], args[2], asJSON)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the ranges as JSON")
+	return cmd
+}
+
+func runDiff(e *env, s *image.Store, oldName, newName string, asJSON bool) (err error) {
+	old, err := s.OpenDisk(oldName)
+	if err != nil {
+		return err
+	}
+	defer e.closeDisk(old, &err)
+	nd, err := s.OpenDisk(newName)
+	if err != nil {
+		return err
+	}
+	defer e.closeDisk(nd, &err)
+	changes, st, err := image.Diff(old, nd)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		out := make([]diffEntry, 0, len(changes))
+		for _, c := range changes {
+			out = append(out, diffEntry{Offset: c.Off, Length: c.Len, Kind: kindOf(c)})
+		}
+		return writeJSON(e, out)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "OFFSET\tLENGTH\tKIND")
+	var data, zero int64
+	for _, c := range changes {
+		fmt.Fprintf(tw, "%d\t%d\t%s\n", c.Off, c.Len, kindOf(c))
+		if c.Zero {
+			zero += c.Len
+		} else {
+			data += c.Len
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	how := "from the block maps, no data read"
+	if !st.Related {
+		how = fmt.Sprintf("unrelated disks: %s of data compared", formatSize(st.ComparedBytes))
+	}
+	fmt.Fprintf(e.stdout, "%d ranges: %s of data, %s of zeros (%s)\n", len(changes), formatSize(data), formatSize(zero), how)
+	return nil
+}
+
+func kindOf(c image.Change) string {
+	if c.Zero {
+		return "zero"
+	}
+	return "data"
+}
+
+func newSendCmd(e *env) *cobra.Command {
+	var from string
+	cmd := &cobra.Command{
+		Use:   "send STORE NAME [--from OLD] > STREAM",
+		Short: "Write a disk as a stream, complete or incremental",
+		Long: `Send writes disk NAME of STORE to standard output as a stream that
+"vdisk receive" turns back into a disk, on this host or another (through a
+pipe: vdisk send ... | ssh host vdisk receive ...). With --from OLD the
+stream holds only what changed since the snapshot OLD, which the receiver
+must hold (received from an earlier stream); the ranges come from the
+block maps, so only changed data is read. Send a snapshot ("vdisk
+snapshot"): it does not change while it is sent, and its identity lets the
+next incremental stream start from it. A progress bar is shown on a
+terminal. The stream format is in FORMAT.md ("Send stream").`,
+		Example: `  vdisk send /srv/vdisks.img vm1-monday > vm1-monday.stream
+  vdisk send /srv/vdisks.img vm1-tuesday --from vm1-monday | ssh backup vdisk receive /srv/vdisks.img vm1-tuesday`,
+		Args: exactArgs("STORE", "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			out := e.stdout
+			if f, ok := out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+				return errors.New("send: standard output is a terminal: redirect the stream to a file or a pipe")
+			}
+			s, err := e.openStore(args[0], "send", true)
+			if err != nil {
+				return err
+			}
+			defer e.closeStore(s, &err)
+			bar := e.newProgress(-1, "send") // until the changes are known
+			defer bar.done()
+			st, err := transfer.Send(out, s, args[1], from, func(done, total int64) {
+				bar.setTotal(total)
+				bar.set(done)
+			})
+			if err != nil {
+				return err
+			}
+			bar.done()
+			kind := "complete"
+			if st.Incremental {
+				kind = "incremental from " + from
+			}
+			fmt.Fprintf(e.stderr, "sent %s (%s): %s of data, %s of zeros in %d records\n",
+				args[1], kind, formatSize(st.DataBytes), formatSize(st.ZeroBytes), st.Records)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "send only the changes since this snapshot")
+	return cmd
+}
+
+func newReceiveCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "receive STORE NAME [STREAM]",
+		Short: "Make a disk from a stream of vdisk send",
+		Long: `Receive reads a stream of "vdisk send" from the file STREAM, or from standard
+input when STREAM is absent or "-", and makes it disk
+NAME of STORE: a read-only snapshot holding the sent disk, with its
+identity, so that a later incremental stream can be received on top of it.
+Clone it to use it (cp NAME.raw vm.raw on a mount, instant and thin). An
+incremental stream starts from this store's copy of its base snapshot
+(found by identity, whatever its name here) and is refused, creating
+nothing, when the store does not hold it. The disk appears only once the
+whole stream has arrived and verified: a cut or damaged stream leaves no
+disk behind.`,
+		Example: "  vdisk receive /srv/vdisks.img vm1-monday < vm1-monday.stream",
+		Args:    rangeArgs(2, "STORE", "NAME", "STREAM"),
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			in := io.Reader(os.Stdin)
+			if len(args) == 3 && args[2] != "-" {
+				f, err := os.Open(args[2])
+				if err != nil {
+					return fmt.Errorf("receive: %w", err)
+				}
+				defer f.Close()
+				in = f
+			}
+			s, err := e.openStore(args[0], "receive", false)
+			if err != nil {
+				return err
+			}
+			defer e.closeStore(s, &err)
+			return runReceive(e, in, s, args[1])
+		},
+	}
+}
+
+func runReceive(e *env, in io.Reader, s *image.Store, name string) error {
+	bar := e.newProgress(-1, "receive") // a stream's length is not known
+	defer bar.done()
+	st, err := transfer.Receive(in, s, name, bar.set)
+	if err != nil {
+		return err
+	}
+	bar.done()
+	kind := "complete"
+	if st.Incremental {
+		kind = "incremental"
+	}
+	fmt.Fprintf(e.stdout, "received %s (%s stream): %s disk, %s of data, %s of zeros\n",
+		name, kind, formatSize(st.Size), formatSize(st.DataBytes), formatSize(st.ZeroBytes))
+	return nil
+}
