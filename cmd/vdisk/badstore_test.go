@@ -84,14 +84,14 @@ func TestBadStoreFiles(t *testing.T) {
 		}, exitUncorrected, []string{"block size 5000 is not a power of two"}},
 		{"future format version", func(t *testing.T) string {
 			path := store(t)
-			superblockPatch(t, path, func(p []byte) { le.PutUint32(p[8:], 2) })
+			superblockPatch(t, path, func(p []byte) { le.PutUint32(p[8:], 3) })
 			return path
-		}, exitFailure, []string{"unsupported store format version", "format version 2, this build reads version 1"}},
+		}, exitFailure, []string{"unsupported store format version", "format version 3, this build reads versions 1 and 2"}},
 		{"unknown incompatible feature", func(t *testing.T) string {
 			path := store(t)
-			superblockPatch(t, path, func(p []byte) { le.PutUint32(p[44:], 1) })
+			superblockPatch(t, path, func(p []byte) { le.PutUint32(p[44:], 2) }) // bit 0 is featShared (version 2)
 			return path
-		}, exitFailure, []string{"unsupported store format version", "unknown incompatible features 0x1"}},
+		}, exitFailure, []string{"unsupported store format version", "unknown incompatible features 0x2"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

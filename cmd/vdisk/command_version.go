@@ -11,11 +11,13 @@ import (
 )
 
 // The on-disk format versions of this build: the one it writes and those it
-// reads. They mirror image's unexported formatVersion (image/format.go);
-// TestVersionFormatMatchesStore checks them against a freshly formatted store.
+// reads. They mirror image's unexported formatVersion and sharedVersion
+// (image/format.go): a new store is version 1 and becomes 2 on its first
+// clone or snapshot (or vdisk upgrade). TestVersionFormatMatchesStore
+// checks them against a freshly formatted store.
 const formatVersionWritten = 1
 
-var formatVersionsRead = []int{1}
+var formatVersionsRead = []int{1, 2}
 
 // buildVersion and buildRevision may be set at link time (the Makefile does,
 // with -ldflags -X, from git describe and git rev-parse) for builds whose
@@ -89,7 +91,7 @@ func (vi versionInfo) text() string {
 	for i, v := range vi.FormatsRead {
 		reads[i] = fmt.Sprint(v)
 	}
-	return fmt.Sprintf("vdisk %s\nrevision %s\n%s %s\non-disk format: writes version %d, reads version %s\n",
+	return fmt.Sprintf("vdisk %s\nrevision %s\n%s %s\non-disk format: writes version %d (2 once a store shares blocks), reads versions %s\n",
 		vi.Version, rev, vi.GoVersion, vi.Platform, vi.FormatWritten, strings.Join(reads, ", "))
 }
 

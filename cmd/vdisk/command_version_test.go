@@ -15,7 +15,7 @@ import (
 
 func TestVersion(t *testing.T) {
 	out := mustRun(t, "--version").stdout
-	for _, want := range []string{"vdisk ", "revision ", runtime.Version(), "writes version 1, reads version 1"} {
+	for _, want := range []string{"vdisk ", "revision ", runtime.Version(), "writes version 1 (2 once a store shares blocks), reads versions 1, 2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--version lacks %q:\n%s", want, out)
 		}
@@ -27,7 +27,7 @@ func TestVersion(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustRun(t, "version", "--json").stdout), &vi); err != nil {
 		t.Fatal(err)
 	}
-	if vi.Version == "" || vi.Revision == "" || vi.GoVersion != runtime.Version() || vi.FormatWritten != 1 || len(vi.FormatsRead) != 1 {
+	if vi.Version == "" || vi.Revision == "" || vi.GoVersion != runtime.Version() || vi.FormatWritten != 1 || len(vi.FormatsRead) != 2 {
 		t.Errorf("version --json: %+v", vi)
 	}
 }
