@@ -3,6 +3,7 @@ package fs
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -416,4 +417,42 @@ func openFlags(fl int) string {
 		s += "|O_CREAT"
 	}
 	return s
+}
+
+// TestStatfsAfterRemovingClones: removing clones frees none of the blocks
+// their origin still maps. statfs never shows more free than the store has
+// while the removals wait for their commit (Store.Info counts the blocks
+// they unmapped as free until then), and after the commit the use is the
+// origin's blocks again.
+func TestStatfsAfterRemovingClones(t *testing.T) {
+	tc := newTestCase(t, withStoreOptions(image.Options{CommitInterval: -1}))
+	data := make([]byte, 8<<20)
+	newPRNGReader(22).Read(data)
+	if err := os.WriteFile(tc.path("a.raw"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := tc.store.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	used := statfsUsed(t, tc.mnt)
+	for i := range 4 {
+		run(t, "cp", tc.path("a.raw"), tc.path(fmt.Sprintf("c%d.raw", i)))
+	}
+	for i := range 4 {
+		if err := os.Remove(tc.path(fmt.Sprintf("c%d.raw", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sf := statfsOf(t, tc.mnt); sf.Bfree > sf.Blocks || sf.Bavail > sf.Blocks {
+		t.Errorf("statfs after removing clones: %d free of %d blocks", sf.Bfree, sf.Blocks)
+	}
+	if err := tc.store.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if now := statfsUsed(t, tc.mnt); now != used {
+		t.Errorf("after removing the clones and a commit, %d bytes used, %d before the clones", now, used)
+	}
+	if got := readAll(t, tc.path("a.raw")); !bytes.Equal(got, data) {
+		t.Error("a.raw changed when its clones were removed")
+	}
 }
