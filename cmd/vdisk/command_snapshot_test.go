@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -106,7 +107,8 @@ func TestUpgrade(t *testing.T) {
 
 // TestSnapshotMounted: on a mounted store, vdisk snapshot MOUNTPOINT/DISK
 // NAME goes through the daemon and the snapshot is in the mount when it
-// returns; the offline form is refused and points at the mount.
+// returns; the offline form is refused and points at the mount; a cp on the
+// mount is a clone that ls names; fsck is clean.
 func TestSnapshotMounted(t *testing.T) {
 	store := newStore(t)
 	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
@@ -132,6 +134,11 @@ func TestSnapshotMounted(t *testing.T) {
 	wantFail(t, exitFailure, []string{"no such disk"}, "snapshot", filepath.Join(mnt, "none.raw"), "x")
 	wantFail(t, exitFailure, []string{"locked", "is mounted at " + mnt, "vdisk snapshot " + filepath.Join(mnt, "a.raw") + " b-snap"},
 		"snapshot", store, "a.raw", "b-snap")
+	// cp on the mount makes a clone, which ls names.
+	out, err := exec.Command("cp", filepath.Join(mnt, "a.raw"), filepath.Join(mnt, "b.raw")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
 	if err := unix.Unmount(mnt, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -140,6 +147,15 @@ func TestSnapshotMounted(t *testing.T) {
 	}
 	if d := diskByName(t, store, "a-snap"); !d.Snapshot || d.Origin != "a.raw" || d.Shared != 2<<20 {
 		t.Errorf("a-snap after unmount: %+v", d)
+	}
+	if d := diskByName(t, store, "b.raw"); d.Snapshot || !d.Clone || d.Origin != "a.raw" || d.Shared != 2<<20 || d.Exclusive != 0 {
+		t.Errorf("b.raw, a cp of a.raw: %+v", d)
+	}
+	if !strings.Contains(mustRun(t, "ls", store).stdout, "clone of a.raw") {
+		t.Error("ls does not name b.raw a clone of a.raw")
+	}
+	if res, code := fsckJSON(t, store); code != exitOK {
+		t.Fatalf("fsck: exit %d: %+v", code, res.Findings)
 	}
 }
 
