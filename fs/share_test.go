@@ -326,8 +326,9 @@ func TestQemuImgConvertCopyOffload(t *testing.T) {
 // TestSnapshotOnMount: a snapshot taken through Server.Snapshot shows in
 // the mount at once (also after a lookup that found no such name); opens
 // for writing and truncates fail with EROFS; it reads as the disk read at
-// the call while the disk goes on changing; chmod, rename, cp from it
-// (into a writable clone) and unlink work; it costs no space.
+// the call while the disk goes on changing; cp of it over the disk rolls
+// the disk back (a clone again, its own blocks freed); chmod, rename, cp
+// from it (into a writable clone) and unlink work; it costs no space.
 func TestSnapshotOnMount(t *testing.T) {
 	tc := newTestCase(t)
 	data := make([]byte, 8<<20)
@@ -377,6 +378,28 @@ func TestSnapshotOnMount(t *testing.T) {
 	}
 	if got := readAll(t, snap); !bytes.Equal(got, data) {
 		t.Fatal("the snapshot changed with its origin")
+	}
+	// Roll back: cp of the snapshot over its origin (O_TRUNC, then one
+	// copy of the whole disk) makes the origin a clone of the snapshot.
+	// (Commits before each statfs: until then the store counts blocks
+	// waiting for their release as free, shared or not.)
+	if err := tc.store.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	used = statfsUsed(t, tc.mnt)
+	run(t, "cp", snap, tc.path("a.raw"))
+	if got := readAll(t, tc.path("a.raw")); !bytes.Equal(got, data) {
+		t.Fatal("a.raw does not read as the snapshot after cp back")
+	}
+	if a := tc.storeStat("a.raw"); !a.Clone || a.Origin != "a-snap" || a.Shared != int64(len(data)) {
+		t.Errorf("a.raw after cp of its snapshot over it: %+v", a)
+	}
+	if err := tc.store.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// a.raw had 1 MiB of blocks of its own (the patch, cut to 1 MiB).
+	if grew := statfsUsed(t, tc.mnt) - used; grew != -(1 << 20) {
+		t.Errorf("rolling back changed the use by %d bytes, want -1 MiB: the blocks a.raw had of its own are freed", grew)
 	}
 
 	if err := os.Chmod(snap, 0o400); err != nil {
