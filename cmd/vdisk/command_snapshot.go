@@ -61,12 +61,8 @@ func snapshotMounted(e *env, path, name string) error {
 	if err != nil {
 		return err
 	}
-	m, ok, err := findMount(mnt)
-	switch {
-	case err != nil:
-		return fmt.Errorf("list mounts: %w", err)
-	case !ok || !isVdiskMount(m):
-		return usageErrorf("%s is not a disk of a vdiskfs mount (%s is not one); for a store that is not mounted: vdisk snapshot STORE DISK NAME", path, mnt)
+	if _, err := vdiskMountAt(mnt); err != nil {
+		return usageErrorf("%s is not a disk of a vdiskfs mount: %v; for a store that is not mounted: vdisk snapshot STORE DISK NAME", path, err)
 	}
 	rep, err := telemetry.Snapshot(mnt, disk, name)
 	if err != nil {
