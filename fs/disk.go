@@ -185,6 +185,10 @@ func (n *diskNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	if err != nil {
 		return nil, 0, n.vfs.toErrno(err, "open", n.fields())
 	}
+	if err := writableFor(h, flags); err != nil {
+		h.Close()
+		return nil, 0, n.vfs.toErrno(err, "open", n.fields())
+	}
 	if flags&syscall.O_TRUNC != 0 {
 		if err := h.Truncate(0); err != nil {
 			h.Close()
@@ -198,12 +202,71 @@ func (n *diskNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	return f, fuseFlags, 0
 }
 
-// CopyFileRange answers EOPNOTSUPP, on which the kernel copies through
-// its generic splice path for that call (ENOSYS would be remembered for
-// the mount, EXDEV would also do). A copy inside the store belongs in
-// package image (it will share blocks once snapshots exist).
+// writableFor refuses an open for writing (O_WRONLY, O_RDWR) of a
+// snapshot with image.ErrReadOnlyDisk (EROFS), as a read-only file system
+// refuses it: a snapshot never has a handle that could write, so writes,
+// fallocate and copies into it fail at the open already (EROFS for the
+// caller, not EBADF later). Read-only opens, and chmod, chown and utimes
+// of a snapshot, are allowed: its attributes are not its data.
+func writableFor(h *image.Disk, flags uint32) error {
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return nil
+	}
+	if info := h.Stat(); info.Snapshot {
+		return fmt.Errorf("open disk %q for writing: %w", info.Name, image.ErrReadOnlyDisk)
+	}
+	return nil
+}
+
+// maxCopyChunk bounds the bytes one COPY_FILE_RANGE copies. The reply's
+// count is 32 bits (fuse_write_out.size); a kernel that predates
+// FUSE_COPY_FILE_RANGE_64 (before 6.18; go-fuse v2.12 answers that opcode
+// ENOSYS, and the kernel falls back to the 32-bit one with the length
+// clamped to 4 GiB - 4 KiB) may ask for more, and a count cut to 32 bits
+// would be a lie about what was copied. A multiple of every block size, so
+// a copy that continues where the last one stopped keeps its offsets
+// placed alike in their blocks; 1 GiB is also the chunk cp asks for.
+const maxCopyChunk = 1 << 30
+
+// CopyFileRange copies between two open disks of the store, or within one:
+// image.Disk.CopyFrom, which shares whole blocks (no data I/O, the map
+// records the sharing) when both offsets sit at the same place in their
+// blocks and copies the bytes otherwise. It copies at most maxCopyChunk
+// bytes, fewer when the source ends first (0 at or past its end), grows
+// the target like a write, and returns the count; the kernel and its
+// callers (cp, qemu-img convert -C) loop on a short count. A copy that
+// failed after some bytes answers that count, as a short write does: the
+// disk holds them. On a target opened with O_SYNC or O_DSYNC the copy is
+// durable before the reply, as for fallocate. Overlapping ranges of one
+// disk are EINVAL (the kernel refuses them first); a snapshot target is
+// EROFS (it cannot be open for writing). Copies between mounts never reach
+// us: the kernel copies them through its splice path.
 func (n *diskNode) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
-	return 0, syscall.EOPNOTSUPP
+	src, okIn := fhIn.(*diskFile)
+	dst, okOut := fhOut.(*diskFile)
+	if !okIn || !okOut || src == nil || dst == nil {
+		return 0, syscall.EBADF // the kernel sends open files of this mount only
+	}
+	if flags != 0 || offIn > math.MaxInt64 || offOut > math.MaxInt64 {
+		return 0, syscall.EINVAL
+	}
+	length = min(length, maxCopyChunk)
+	fields := func() logrus.Fields {
+		return dst.fields("src_disk_id", src.node.id, "src_offset", offIn, "offset", offOut, "length", length)
+	}
+	copied, err := dst.disk.CopyFrom(src.disk, int64(offIn), int64(offOut), int64(length))
+	if err != nil && copied == 0 {
+		return 0, n.vfs.toErrno(err, "copy_file_range", fields())
+	}
+	if derr := n.vfs.makeDurable(dst.sync); derr != nil {
+		return 0, n.vfs.toErrno(derr, "copy_file_range", fields())
+	}
+	if err != nil {
+		// Short: the bytes copied are the disk's now; the caller's next
+		// call starts after them and meets the error again.
+		n.vfs.log.WithFields(fields()).WithField("copied", copied).WithError(err).Debug("copy_file_range stopped short")
+	}
+	return uint32(copied), 0
 }
 
 // diskFile is an open file: one image.Disk handle, closed on Release. Its

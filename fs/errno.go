@@ -30,7 +30,7 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EFBIG
 	case errors.Is(err, image.ErrNoData):
 		return syscall.ENXIO
-	case errors.Is(err, image.ErrReadOnly):
+	case errors.Is(err, image.ErrReadOnly), errors.Is(err, image.ErrReadOnlyDisk):
 		return syscall.EROFS
 	case errors.As(err, &errno) && errno != 0:
 		return errno

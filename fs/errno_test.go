@@ -30,6 +30,7 @@ func TestErrnoOf(t *testing.T) {
 		{wrap(image.ErrTooLarge), syscall.EFBIG},
 		{wrap(image.ErrNoData), syscall.ENXIO},
 		{wrap(image.ErrReadOnly), syscall.EROFS},
+		{wrap(image.ErrReadOnlyDisk), syscall.EROFS},
 		{wrap(image.ErrClosed), syscall.EIO},
 		{wrap(image.ErrCorrupt), syscall.EIO},
 		{wrap(fmt.Errorf("%w: %w", image.ErrFailed, syscall.ENOSPC)), syscall.EIO}, // failed wins

@@ -271,6 +271,29 @@ func (s *Server) InvalidateDisk(name string) error {
 	return nil
 }
 
+// Snapshot takes a snapshot called name of the disk src of the mounted
+// store (image.Store.Snapshot: a read-only disk sharing every block of src,
+// holding every write to src acknowledged before the call, committed when
+// it returns) and shows it in the mount at once. Lookup and Readdir ask the
+// catalog on every call and the mount caches no negative entries, so the
+// new name is found anyway; the kernel is still told to forget any entry
+// it holds under name, in case it has one from a lookup that raced with
+// the snapshot.
+//
+// Writes through shared mmap of src that the kernel has not written back
+// yet are not in the snapshot (every other write reaches the store before
+// it is acknowledged): like a snapshot of a disk, it is crash-consistent.
+func (s *Server) Snapshot(src, name string) (image.DiskInfo, error) {
+	info, err := s.vfs.store.Snapshot(src, name)
+	if err != nil {
+		return image.DiskInfo{}, err
+	}
+	if err := s.InvalidateDisk(name); err != nil {
+		s.log.WithError(err).WithField("disk", name).Warn("snapshot taken, but the kernel was not told of its name; it shows once the entry times out")
+	}
+	return info, nil
+}
+
 // logWriter turns go-fuse's *log.Logger lines into logrus entries.
 type logWriter struct {
 	log   logrus.FieldLogger

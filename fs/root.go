@@ -122,6 +122,10 @@ func (r *rootNode) Create(ctx context.Context, name string, flags uint32, mode u
 	if err != nil {
 		return nil, nil, 0, r.vfs.toErrno(err, "create", fields)
 	}
+	if err := writableFor(h, flags); err != nil {
+		h.Close()
+		return nil, nil, 0, r.vfs.toErrno(err, "create", fields)
+	}
 	if existed && flags&syscall.O_TRUNC != 0 {
 		if err := h.Truncate(0); err != nil {
 			h.Close()

@@ -177,7 +177,11 @@ func (v *vfs) statfs(out *fuse.StatfsOut) syscall.Errno {
 	out.Bsize = uint32(bs)
 	out.Frsize = uint32(bs)
 	out.Blocks = uint64(info.CapacityBytes) / bs
-	out.Bfree = uint64(info.FreeBytes) / bs
+	// Never more free than there is: image.Store.Info counts blocks
+	// waiting for a commit to be released as free even when another disk
+	// still maps them (a removed clone's shared blocks, until the next
+	// commit), which made df show a negative use.
+	out.Bfree = min(uint64(info.FreeBytes)/bs, out.Blocks)
 	out.Bavail = out.Bfree
 	// There is no table of inodes to run out of: a new disk costs a
 	// catalog record, so the free blocks bound how many more there can be.

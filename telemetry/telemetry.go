@@ -2,8 +2,9 @@
 // metrics (on an opt-in loopback TCP listener, `vdisk mount --metrics`) and,
 // always, on a per-mount Unix socket that `vdisk stats MNT` reads, so that
 // stats need no flags at mount time. The socket also takes the few requests
-// an operator makes of a running mount (`vdisk sync MNT`: POST /sync); the
-// TCP listener never does.
+// an operator makes of a running mount (`vdisk sync MNT`: POST /sync;
+// `vdisk snapshot MNT/DISK NAME`: POST /snapshot); the TCP listener never
+// does: it has no authentication, and these change the store.
 //
 // Every figure comes from image.Store.Metrics (requests, map, coalescer,
 // backend, journal, allocator, per disk) and from the FUSE layer's per-op
@@ -15,6 +16,7 @@
 package telemetry
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -51,6 +53,24 @@ type Controller interface {
 	// Sync commits the whole store: every write, map and catalog change
 	// acknowledged before the call is durable when it returns.
 	Sync() error
+	// Snapshot makes a read-only snapshot called name of the disk called
+	// disk, holding every write acknowledged before the call, durable
+	// and visible in the mount when it returns (fs.Server.Snapshot).
+	Snapshot(disk, name string) (image.DiskInfo, error)
+}
+
+// SnapshotRequest is the body of POST /snapshot.
+type SnapshotRequest struct {
+	Disk string `json:"disk"` // the disk to snapshot
+	Name string `json:"name"` // the snapshot's name, a new disk
+}
+
+// SnapshotReply is the answer of POST /snapshot: the new disk.
+type SnapshotReply struct {
+	Name   string `json:"name"`
+	ID     uint64 `json:"id"`
+	Size   int64  `json:"size"`
+	Origin string `json:"origin"`
 }
 
 // Stats is the JSON document of `vdisk stats --json` and of GET /stats.
@@ -147,7 +167,10 @@ func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allow
 }
 
 // withControl adds ctl's requests to h: POST /sync answers 204 once the
-// store is committed, or 500 with the error.
+// store is committed, or 500 with the error; POST /snapshot (a
+// SnapshotRequest) answers 201 with a SnapshotReply once the snapshot is
+// durable, or the error with a status that says whose fault it is
+// (statusOf).
 func withControl(h http.Handler, ctl Controller) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", h)
@@ -158,7 +181,63 @@ func withControl(h http.Handler, ctl Controller) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("POST /snapshot", func(w http.ResponseWriter, r *http.Request) {
+		var req SnapshotRequest
+		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
+			http.Error(w, "snapshot request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		info, err := ctl.Snapshot(req.Disk, req.Name)
+		if err != nil {
+			http.Error(w, err.Error(), statusOf(err))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		json.NewEncoder(w).Encode(SnapshotReply{Name: info.Name, ID: info.ID, Size: info.Size, Origin: req.Disk})
+	})
 	return mux
+}
+
+// statusOf is the HTTP status of a failed request; errorOf undoes it.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, image.ErrNotExist):
+		return http.StatusNotFound
+	case errors.Is(err, image.ErrExist):
+		return http.StatusConflict
+	case errors.Is(err, image.ErrInvalidName):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+// remoteError is an error the daemon reported: its message, and the image
+// sentinel its status stands for (nil for none), for errors.Is.
+type remoteError struct {
+	msg string
+	is  error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.is }
+
+// errorOf turns a failed reply into an error with the daemon's message.
+func errorOf(resp *http.Response) error {
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	e := &remoteError{msg: strings.TrimSpace(string(msg))}
+	switch resp.StatusCode {
+	case http.StatusNotFound:
+		e.is = image.ErrNotExist
+	case http.StatusConflict:
+		e.is = image.ErrExist
+	case http.StatusBadRequest:
+		e.is = image.ErrInvalidName
+	}
+	if e.msg == "" {
+		e.msg = resp.Status
+	}
+	return e
 }
 
 func serve(h http.Handler, l net.Listener) *http.Server {
@@ -235,8 +314,36 @@ func Sync(mountpoint string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("sync %s: %s", abs, strings.TrimSpace(string(msg)))
+		return fmt.Errorf("sync %s: %w", abs, errorOf(resp))
 	}
 	return nil
+}
+
+// Snapshot asks the mount at mountpoint to snapshot its disk called disk as
+// name, through its socket, and returns once the snapshot is durable and
+// shows in the mount. Errors carry the daemon's message; a missing disk
+// matches image.ErrNotExist, a name in use image.ErrExist, a bad name
+// image.ErrInvalidName (errors.Is).
+func Snapshot(mountpoint, disk, name string) (SnapshotReply, error) {
+	c, abs, sock, err := client(mountpoint, 0)
+	if err != nil {
+		return SnapshotReply{}, err
+	}
+	body, err := json.Marshal(SnapshotRequest{Disk: disk, Name: name})
+	if err != nil {
+		return SnapshotReply{}, err
+	}
+	resp, err := c.Post("http://vdiskfs/snapshot", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return SnapshotReply{}, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return SnapshotReply{}, errorOf(resp)
+	}
+	var rep SnapshotReply
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+		return SnapshotReply{}, fmt.Errorf("snapshot reply of %s: %w", abs, err)
+	}
+	return rep, nil
 }

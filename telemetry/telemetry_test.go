@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -25,6 +26,9 @@ type storeSource struct {
 func (s storeSource) Metrics() image.Metrics                        { return s.s.Metrics() }
 func (s storeSource) OpMetrics() map[string]image.HistogramSnapshot { return s.ops }
 func (s storeSource) Sync() error                                   { return s.s.Commit() }
+func (s storeSource) Snapshot(disk, name string) (image.DiskInfo, error) {
+	return s.s.Snapshot(disk, name)
+}
 
 func newSource(t *testing.T) storeSource {
 	mem := backend.NewMem(64 << 20)
@@ -147,6 +151,58 @@ func TestServeAndFetch(t *testing.T) {
 	}
 	if err := Sync(filepath.Join(t.TempDir(), "elsewhere")); err == nil {
 		t.Fatal("Sync of a mount point nobody serves succeeded")
+	}
+}
+
+// POST /snapshot on the socket makes a durable read-only snapshot; its
+// errors keep their meaning (errors.Is) and the daemon's words; the
+// metrics handler, which the TCP listener serves, has no such request.
+func TestSnapshotThroughSocket(t *testing.T) {
+	src := newSource(t)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	commits := src.s.Counters().Commits
+	rep, err := Snapshot(mnt, "vm.raw", "vm-snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Name != "vm-snap" || rep.Origin != "vm.raw" || rep.Size != 4<<20 || rep.ID == 0 {
+		t.Errorf("reply %+v", rep)
+	}
+	if info, err := src.s.Stat("vm-snap"); err != nil || !info.Snapshot || info.Origin != "vm.raw" || info.Shared != 4<<20 {
+		t.Errorf("the snapshot: %+v, %v", info, err)
+	}
+	if src.s.Counters().Commits == commits {
+		t.Error("the snapshot was not committed when the reply came")
+	}
+	for _, c := range []struct {
+		disk, name string
+		is         error
+		msg        string
+	}{
+		{"vm.raw", "vm-snap", image.ErrExist, "already exists"},
+		{"none.raw", "x", image.ErrNotExist, "no such disk"},
+		{"vm.raw", "a/b", image.ErrInvalidName, "invalid disk name"},
+	} {
+		_, err := Snapshot(mnt, c.disk, c.name)
+		if !errors.Is(err, c.is) || !strings.Contains(err.Error(), c.msg) || !strings.Contains(err.Error(), c.disk) {
+			t.Errorf("snapshot %s as %s: %v; want %v saying %q", c.disk, c.name, err, c.is, c.msg)
+		}
+	}
+	rec := httptest.NewRecorder()
+	Handler(src, mnt, "").ServeHTTP(rec, httptest.NewRequest("POST", "/snapshot", strings.NewReader(`{"disk":"vm.raw","name":"tcp"}`)))
+	if rec.Code == http.StatusCreated {
+		t.Error("the metrics handler served POST /snapshot")
+	}
+	if _, err := src.s.Stat("tcp"); err == nil {
+		t.Error("the metrics handler made a snapshot")
+	}
+	if _, err := Snapshot(filepath.Join(t.TempDir(), "elsewhere"), "vm.raw", "x"); !errors.Is(err, ErrNotServing) {
+		t.Errorf("snapshot through a mount point nobody serves: %v", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 // infoJSON is `vdisk info --json`. Sizes are in bytes, counts of blocks say so.
 type infoJSON struct {
 	UUID              string    `json:"uuid"`
+	FormatVersion     int       `json:"format_version"` // 2: blocks can be shared (vdisk upgrade)
 	Backing           string    `json:"backing"`
 	StoreSize         int64     `json:"store_size"`
 	BlockSize         int       `json:"block_size"`
@@ -29,6 +30,15 @@ type infoJSON struct {
 	Generation        uint64    `json:"generation"`
 	MountGeneration   uint64    `json:"mount_generation"`
 	Created           time.Time `json:"created"`
+	// Sharing, over all disks: MappedBytes is what they map (their
+	// allocated bytes summed, each shared block once per disk mapping
+	// it), SharedBytes the part of it in blocks more than one disk maps,
+	// ExclusiveBytes the rest. Snapshots and Clones count those disks.
+	MappedBytes    int64 `json:"mapped_bytes"`
+	SharedBytes    int64 `json:"shared_bytes"`
+	ExclusiveBytes int64 `json:"exclusive_bytes"`
+	Snapshots      int   `json:"snapshots"`
+	Clones         int   `json:"clones"`
 }
 
 func newInfoCmd(e *env) *cobra.Command {
@@ -45,18 +55,26 @@ func newInfoCmd(e *env) *cobra.Command {
 			defer e.closeStore(s, &err)
 			in := s.Info()
 			bs := int64(in.BlockSize)
-			var mapped int64
+			var mapped, shared int64
+			var snapshots, clones int
 			for _, d := range s.List() {
 				mapped += d.Allocated
+				shared += d.Shared
+				if d.Snapshot {
+					snapshots++
+				} else if d.Clone {
+					clones++
+				}
 			}
 			j := infoJSON{
-				UUID: in.UUID, Backing: in.Backing, StoreSize: in.StoreSize, BlockSize: in.BlockSize,
+				UUID: in.UUID, FormatVersion: s.Version(), Backing: in.Backing, StoreSize: in.StoreSize, BlockSize: in.BlockSize,
 				Capacity: in.CapacityBytes, DataBlocks: in.DataBlocks,
 				Used: in.CapacityBytes - in.FreeBytes, Free: in.FreeBytes, FreeBlocks: in.FreeBlocks,
 				LargestFreeExtent: int64(in.LargestFree) * bs,
 				Disks:             in.Disks, Extents: in.Extents, AvgExtent: avgExtent(mapped, in.Extents),
 				JournalSize: in.JournalBytes, JournalUsed: in.JournalUsed, CheckpointBytes: in.CkptBytes,
 				Generation: in.Generation, MountGeneration: in.MountGen, Created: in.CreatedAt,
+				MappedBytes: mapped, SharedBytes: shared, ExclusiveBytes: mapped - shared, Snapshots: snapshots, Clones: clones,
 			}
 			if asJSON {
 				return writeJSON(e, j)
@@ -69,13 +87,15 @@ func newInfoCmd(e *env) *cobra.Command {
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 0, 1, ' ', 0)
 			fmt.Fprintf(tw, "uuid:\t%s\n", j.UUID)
+			fmt.Fprintf(tw, "format version:\t%s\n", formatVersion(j.FormatVersion))
 			fmt.Fprintf(tw, "backing:\t%s, %s\n", j.Backing, formatSize(j.StoreSize))
 			fmt.Fprintf(tw, "block size:\t%s\n", formatSize(bs))
 			fmt.Fprintf(tw, "capacity:\t%s (%d blocks)\n", formatSize(j.Capacity), j.DataBlocks)
 			fmt.Fprintf(tw, "used:\t%s%s\n", formatSize(j.Used), pct(j.Used))
 			fmt.Fprintf(tw, "free:\t%s%s\n", formatSize(j.Free), pct(j.Free))
 			fmt.Fprintf(tw, "largest free extent:\t%s\n", formatSize(j.LargestFreeExtent))
-			fmt.Fprintf(tw, "disks:\t%d\n", j.Disks)
+			fmt.Fprintf(tw, "disks:\t%d (snapshots: %d, clones: %d)\n", j.Disks, j.Snapshots, j.Clones)
+			fmt.Fprintf(tw, "disks map:\t%s: %s exclusive, %s shared\n", formatSize(j.MappedBytes), formatSize(j.ExclusiveBytes), formatSize(j.SharedBytes))
 			fmt.Fprintf(tw, "extents:\t%d, %s each on average\n", j.Extents, formatSize(j.AvgExtent))
 			fmt.Fprintf(tw, "journal:\t%s, %s used\n", formatSize(j.JournalSize), formatSize(j.JournalUsed))
 			fmt.Fprintf(tw, "checkpoint:\t%s\n", formatSize(j.CheckpointBytes))
@@ -86,4 +106,12 @@ func newInfoCmd(e *env) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON object")
 	return cmd
+}
+
+// formatVersion says what a store format version means.
+func formatVersion(v int) string {
+	if v >= 2 {
+		return fmt.Sprintf("%d (shared blocks: clones and snapshots)", v)
+	}
+	return fmt.Sprintf("%d (no shared blocks yet; the first clone or snapshot, or vdisk upgrade, makes it 2)", v)
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/vdiskfs/vdiskfs/image"
 )
 
 // lsEntry is one disk in `vdisk ls --json`.
@@ -23,6 +25,24 @@ type lsEntry struct {
 	GID       uint32    `json:"gid"`
 	Modified  time.Time `json:"modified"`
 	Changed   time.Time `json:"changed"`
+	// Sharing: Shared is the part of Allocated in blocks other disks map
+	// too, Exclusive the rest (Allocated = Exclusive + Shared). A snapshot
+	// or a clone names its origin (empty once that disk is removed;
+	// OriginID stays).
+	Exclusive int64  `json:"exclusive_bytes"`
+	Shared    int64  `json:"shared_bytes"`
+	Snapshot  bool   `json:"snapshot"`
+	Clone     bool   `json:"clone"`
+	Origin    string `json:"origin"`
+	OriginID  uint64 `json:"origin_id,omitempty"`
+}
+
+// lsEntryOf is the JSON entry of a disk.
+func lsEntryOf(d image.DiskInfo) lsEntry {
+	return lsEntry{Name: d.Name, ID: d.ID, Size: d.Size, Allocated: d.Allocated, Extents: d.Extents,
+		AvgExtent: avgExtent(d.Allocated, d.Extents), Mode: fmt.Sprintf("%04o", d.Mode&0o7777), UID: d.UID, GID: d.GID,
+		Modified: d.Mtime, Changed: d.Ctime, Exclusive: d.Allocated - d.Shared, Shared: d.Shared,
+		Snapshot: d.Snapshot, Clone: d.Clone, Origin: d.Origin, OriginID: d.OriginID}
 }
 
 func newLsCmd(e *env) *cobra.Command {
@@ -30,10 +50,13 @@ func newLsCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls STORE",
 		Short: "List the disks of a store",
-		Long: `Ls lists the disks of STORE sorted by name: size, space allocated, number of
-extents in the block map and their average size (a disk written in random
-order has more, smaller extents, and reads back in smaller I/Os), and
-modification time.`,
+		Long: `Ls lists the disks of STORE sorted by name: size, space allocated (every block
+the disk maps, as du counts it), split into exclusive (blocks no other disk
+maps: what removing the disk frees) and shared (blocks it shares with clones
+and snapshots), number of extents in the block map and their average size (a
+disk written in random order has more, smaller extents, and reads back in
+smaller I/Os), modification time, and origin: "snapshot of DISK" or "clone of
+DISK" (a whole-disk cp on the mount), else "-".`,
 		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			s, err := e.openStore(args[0], "ls", true)
@@ -45,8 +68,7 @@ modification time.`,
 			if asJSON {
 				out := make([]lsEntry, 0, len(disks))
 				for _, d := range disks {
-					out = append(out, lsEntry{Name: d.Name, ID: d.ID, Size: d.Size, Allocated: d.Allocated, Extents: d.Extents,
-						AvgExtent: avgExtent(d.Allocated, d.Extents), Mode: fmt.Sprintf("%04o", d.Mode&0o7777), UID: d.UID, GID: d.GID, Modified: d.Mtime, Changed: d.Ctime})
+					out = append(out, lsEntryOf(d))
 				}
 				return writeJSON(e, out)
 			}
@@ -55,10 +77,11 @@ modification time.`,
 				size = func(n int64) string { return strconv.FormatInt(n, 10) }
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXTENTS\tAVG-EXTENT\tMODIFIED")
+			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN")
 			for _, d := range disks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.Name, size(d.Size), size(d.Allocated), d.Extents,
-					size(avgExtent(d.Allocated, d.Extents)), d.Mtime.Local().Format("2006-01-02 15:04:05"))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Name, size(d.Size), size(d.Allocated),
+					size(d.Allocated-d.Shared), size(d.Shared), d.Extents, size(avgExtent(d.Allocated, d.Extents)),
+					d.Mtime.Local().Format("2006-01-02 15:04:05"), originOf(d))
 			}
 			return tw.Flush()
 		},

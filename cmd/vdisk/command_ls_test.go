@@ -9,7 +9,7 @@ import (
 
 func TestLs(t *testing.T) {
 	store := newStore(t)
-	if r := mustRun(t, "ls", store); r.stdout != "NAME  SIZE  ALLOCATED  EXTENTS  AVG-EXTENT  MODIFIED\n" {
+	if r := mustRun(t, "ls", store); r.stdout != "NAME  SIZE  ALLOCATED  EXCLUSIVE  SHARED  EXTENTS  AVG-EXTENT  MODIFIED  ORIGIN\n" {
 		t.Errorf("empty store: %q", r.stdout)
 	}
 	if r := mustRun(t, "ls", "--json", store); strings.TrimSpace(r.stdout) != "[]" {
@@ -27,7 +27,7 @@ func TestLs(t *testing.T) {
 	if len(lines) != 5 {
 		t.Fatalf("ls: %q", lines)
 	}
-	if f := strings.Fields(lines[0]); strings.Join(f, " ") != "NAME SIZE ALLOCATED EXTENTS AVG-EXTENT MODIFIED" {
+	if f := strings.Fields(lines[0]); strings.Join(f, " ") != "NAME SIZE ALLOCATED EXCLUSIVE SHARED EXTENTS AVG-EXTENT MODIFIED ORIGIN" {
 		t.Errorf("header %q", lines[0])
 	}
 	var names []string
@@ -37,15 +37,18 @@ func TestLs(t *testing.T) {
 	if got := strings.Join(names, " "); got != "alpha.raw data.raw mid.raw zeta.raw" {
 		t.Errorf("order: %s", got)
 	}
-	if f := strings.Fields(lines[2]); f[1]+f[2] != "9.8KiB" || f[3]+f[4] != "12KiB" || f[5] != "1" || f[6]+f[7] != "12KiB" {
+	// data.raw: 9.8 KiB in 12 KiB, all its own, one extent, no origin.
+	if f := strings.Fields(lines[2]); f[1]+f[2] != "9.8KiB" || f[3]+f[4] != "12KiB" || f[5]+f[6] != "12KiB" || f[7]+f[8] != "0B" ||
+		f[9] != "1" || f[10]+f[11] != "12KiB" || f[len(f)-1] != "-" {
 		t.Errorf("data.raw line: %q", lines[2])
 	}
-	if f := strings.Fields(mustRun(t, "ls", "--bytes", store).stdout); f[7] != "3145728" {
+	if f := strings.Fields(strings.Split(mustRun(t, "ls", "--bytes", store).stdout, "\n")[1]); f[0] != "alpha.raw" || f[1] != "3145728" {
 		t.Errorf("ls --bytes: %q", f)
 	}
 
 	ds := listDisks(t, store)
-	if len(ds) != 4 || ds[1].Name != "data.raw" || ds[1].Size != 10000 || ds[1].Allocated != 12288 || ds[1].Extents != 1 || ds[1].AvgExtent != 12288 {
+	if len(ds) != 4 || ds[1].Name != "data.raw" || ds[1].Size != 10000 || ds[1].Allocated != 12288 || ds[1].Extents != 1 || ds[1].AvgExtent != 12288 ||
+		ds[1].Exclusive != 12288 || ds[1].Shared != 0 || ds[1].Snapshot || ds[1].Clone || ds[1].Origin != "" {
 		t.Fatalf("ls --json: %+v", ds)
 	}
 	if m := ds[0].Modified; m.Before(before) || m.After(time.Now()) {

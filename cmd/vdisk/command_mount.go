@@ -50,6 +50,12 @@ func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.s
 // Sync is `vdisk sync MOUNTPOINT`: the full commit an fsync makes.
 func (m mountSource) Sync() error { return m.s.Commit() }
 
+// Snapshot is `vdisk snapshot MOUNTPOINT/DISK NAME`: durable, and shown in
+// the mount, when it returns.
+func (m mountSource) Snapshot(disk, name string) (image.DiskInfo, error) {
+	return m.srv.Snapshot(disk, name)
+}
+
 func newMountCmd(e *env) *cobra.Command {
 	var f mountFlags
 	cmd := &cobra.Command{

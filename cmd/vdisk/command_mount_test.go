@@ -125,17 +125,7 @@ func TestMountDaemonKill9(t *testing.T) {
 	bin := vdiskBinary(t)
 	store := newStore(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	logFile := filepath.Join(t.TempDir(), "mount.log")
-	out, err := exec.Command(bin, "mount", store, mnt, "--log-file", logFile).CombinedOutput()
-	if err != nil {
-		t.Fatalf("vdisk mount: %v: %s", err, out)
-	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-	m := regexp.MustCompile(`pid (\d+)`).FindSubmatch(out)
-	if m == nil {
-		t.Fatalf("no pid in %q", out)
-	}
-	pid, _ := strconv.Atoi(string(m[1]))
+	pid := startDaemon(t, bin, store, mnt)
 
 	data := directio.AlignedBlock(4 << 20)
 	for i := range data {
@@ -153,16 +143,62 @@ func TestMountDaemonKill9(t *testing.T) {
 	}
 	// Written after the fsync: may or may not survive, but must not corrupt.
 	f.WriteAt(data[:1<<20], 8<<20)
+	killDaemon(t, pid)
+	f.Close() // fails with ENOTCONN: the daemon is gone
+
+	// Mount again in the foreground, through the real binary.
+	stop := mountForeground(t, bin, store, mnt)
+	got := readFileT(t, filepath.Join(mnt, "vm.raw"))
+	if len(got) < len(data) || !bytes.Equal(got[:len(data)], data) {
+		t.Fatalf("fsynced data lost after kill -9 (%d bytes back)", len(got))
+	}
+	stop()
+	if res, code := fsckJSON(t, store); code != exitOK {
+		t.Fatalf("fsck after kill -9 and remount: exit %d: %+v", code, res.Findings)
+	}
+}
+
+// startDaemon mounts store at mnt with the real binary, which returns once
+// the mount is ready and leaves the daemon in the background, and returns
+// the daemon's pid. Cleanup detaches the mount if it is still there.
+func startDaemon(t *testing.T, bin, store, mnt string) int {
+	t.Helper()
+	logFile := filepath.Join(t.TempDir(), "mount.log")
+	out, err := exec.Command(bin, "mount", store, mnt, "--log-file", logFile).CombinedOutput()
+	if err != nil {
+		t.Fatalf("vdisk mount: %v: %s", err, out)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	m := regexp.MustCompile(`pid (\d+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("no pid in %q", out)
+	}
+	pid, _ := strconv.Atoi(string(m[1]))
+	return pid
+}
+
+// killDaemon kills the daemon pid with SIGKILL and returns once it is gone.
+func killDaemon(t *testing.T, pid int) {
+	t.Helper()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	f.Close() // fails with ENOTCONN: the daemon is gone
 	for !exited(pid) {
 		unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
 	}
+}
 
-	// Mount again in the foreground, through the real binary.
-	r, w, _ := os.Pipe()
+// mountForeground mounts store at mnt with the real binary in the
+// foreground (which clears a dead mount left there by a killed daemon) and
+// returns once the mount is ready. stop unmounts and waits for the daemon
+// to exit, failing the test if it did not close the store cleanly.
+func mountForeground(t *testing.T, bin, store, mnt string) (stop func()) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
 	cmd := exec.Command(bin, "mount", store, mnt, "--foreground", "--ready-fd", "3")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -174,20 +210,17 @@ func TestMountDaemonKill9(t *testing.T) {
 	line, _ := bufio.NewReader(r).ReadString('\n')
 	if strings.TrimSpace(line) != "ready" {
 		cmd.Wait()
-		t.Fatalf("remount after kill -9 failed: %s", stderr.String())
+		t.Fatalf("mount failed: %s", stderr.String())
 	}
-	got := readFileT(t, filepath.Join(mnt, "vm.raw"))
-	if len(got) < len(data) || !bytes.Equal(got[:len(data)], data) {
-		t.Fatalf("fsynced data lost after kill -9 (%d bytes back)", len(got))
-	}
-	if err := unix.Unmount(mnt, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("daemon exit: %v: %s", err, stderr.String())
-	}
-	if res, code := fsckJSON(t, store); code != exitOK {
-		t.Fatalf("fsck after kill -9 and remount: exit %d: %+v", code, res.Findings)
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) }) // when the test fails before stop
+	return func() {
+		t.Helper()
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("daemon exit: %v: %s", err, stderr.String())
+		}
 	}
 }
 

@@ -19,6 +19,9 @@ type statsSource struct{ s *image.Store }
 func (s statsSource) Metrics() image.Metrics                        { return s.s.Metrics() }
 func (s statsSource) OpMetrics() map[string]image.HistogramSnapshot { return nil }
 func (s statsSource) Sync() error                                   { return s.s.Commit() }
+func (s statsSource) Snapshot(disk, name string) (image.DiskInfo, error) {
+	return s.s.Snapshot(disk, name)
+}
 
 // serveFakeMount formats a memory store, writes 8 × 1 MiB to a disk and
 // serves its telemetry for the mount point mnt.

@@ -11,20 +11,6 @@ import (
 	"github.com/vdiskfs/vdiskfs/image"
 )
 
-// snapshotOffline takes a snapshot through the image API (the store is
-// not mounted).
-func snapshotOffline(t *testing.T, store, disk, name string) {
-	t.Helper()
-	s, err := image.OpenPath(store, image.Options{CommitInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Snapshot(disk, name); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestSendReceive: a complete and an incremental stream between two stores
 // through files, diff of the snapshots, and damaged streams refused with
 // nothing left behind.
@@ -34,7 +20,7 @@ func TestSendReceive(t *testing.T) {
 	img := filepath.Join(dir, "a.img")
 	writeFile(t, img, randomBytes(8<<20, 1))
 	mustRun(t, "import", src, "a.raw", img)
-	snapshotOffline(t, src, "a.raw", "s1")
+	mustRun(t, "snapshot", src, "a.raw", "s1")
 
 	full := mustRun(t, "send", src, "s1").stdout
 	fullPath := filepath.Join(dir, "s1.stream")
@@ -54,7 +40,7 @@ func TestSendReceive(t *testing.T) {
 	h.Punch(6<<20, 1<<20)
 	h.Close()
 	s.Close()
-	snapshotOffline(t, src, "a.raw", "s2")
+	mustRun(t, "snapshot", src, "a.raw", "s2")
 
 	var diff []diffEntry
 	if err := json.Unmarshal([]byte(mustRun(t, "diff", "--json", src, "s1", "s2").stdout), &diff); err != nil {

@@ -50,14 +50,9 @@ func runUmount(e *env, mnt string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	m, ok, err := findMount(abs)
-	switch {
-	case err != nil:
-		return fmt.Errorf("list mounts: %w", err)
-	case !ok:
-		return fmt.Errorf("%s is not mounted", abs)
-	case !isVdiskMount(m):
-		return fmt.Errorf("%s is a %s mount, not a vdiskfs one", abs, m.fstype)
+	m, err := vdiskMountAt(abs)
+	if err != nil {
+		return err
 	}
 	store, pid := daemonOf(abs, m)
 	if err := unmount(abs); err != nil {
@@ -71,6 +66,21 @@ func runUmount(e *env, mnt string, timeout time.Duration) error {
 	}
 	fmt.Fprintf(e.stdout, "unmounted %s; store %s closed (daemon pid %d exited)\n", abs, store, pid)
 	return nil
+}
+
+// vdiskMountAt returns the vdiskfs mount at mnt (canonical, see
+// canonicalMountpoint), or an error saying what is there instead.
+func vdiskMountAt(mnt string) (mountEntry, error) {
+	m, ok, err := findMount(mnt)
+	switch {
+	case err != nil:
+		return mountEntry{}, fmt.Errorf("list mounts: %w", err)
+	case !ok:
+		return mountEntry{}, fmt.Errorf("%s is not mounted", mnt)
+	case !isVdiskMount(m):
+		return mountEntry{}, fmt.Errorf("%s is a %s mount, not a vdiskfs one", mnt, m.fstype)
+	}
+	return m, nil
 }
 
 // canonicalMountpoint is mnt as /proc/self/mountinfo spells it: absolute,

@@ -10,11 +10,11 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// The on-disk format versions of this build: the one a new store gets and
-// those it reads (2: a store that shares blocks, from its first clone or
-// snapshot on). They mirror image's unexported formatVersion and
-// sharedVersion (image/format.go); TestVersionFormatMatchesStore checks
-// them against a freshly formatted store.
+// The on-disk format versions of this build: the one it writes and those it
+// reads. They mirror image's unexported formatVersion and sharedVersion
+// (image/format.go): a new store is version 1 and becomes 2 on its first
+// clone or snapshot (or vdisk upgrade). TestVersionFormatMatchesStore
+// checks them against a freshly formatted store.
 const formatVersionWritten = 1
 
 var formatVersionsRead = []int{1, 2}
@@ -91,7 +91,7 @@ func (vi versionInfo) text() string {
 	for i, v := range vi.FormatsRead {
 		reads[i] = fmt.Sprint(v)
 	}
-	return fmt.Sprintf("vdisk %s\nrevision %s\n%s %s\non-disk format: writes version %d, reads version %s\n",
+	return fmt.Sprintf("vdisk %s\nrevision %s\n%s %s\non-disk format: writes version %d (2 once a store shares blocks), reads versions %s\n",
 		vi.Version, rev, vi.GoVersion, vi.Platform, vi.FormatWritten, strings.Join(reads, ", "))
 }
 

@@ -15,7 +15,7 @@ import (
 
 func TestVersion(t *testing.T) {
 	out := mustRun(t, "--version").stdout
-	for _, want := range []string{"vdisk ", "revision ", runtime.Version(), "writes version 1, reads version 1"} {
+	for _, want := range []string{"vdisk ", "revision ", runtime.Version(), "writes version 1 (2 once a store shares blocks), reads versions 1, 2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--version lacks %q:\n%s", want, out)
 		}

@@ -170,19 +170,41 @@ func isVdiskMount(m mountEntry) bool {
 }
 
 // storeMounted reports whether the mount namespace of process pid has a
+// vdiskfs mount whose source is the store at path.
+func storeMounted(pid int, path string) (bool, error) {
+	_, ok, err := storeMountpoint(pid, path)
+	return ok, err
+}
+
+// storeMountpoint returns where the mount namespace of process pid has a
 // vdiskfs mount whose source is the store at path. A mount daemon names its
 // store as the mount's source (fs.Options.FsName).
-func storeMounted(pid int, path string) (bool, error) {
+func storeMountpoint(pid int, path string) (string, bool, error) {
 	ms, err := readMountinfo(pid)
 	if err != nil {
-		return false, err
+		return "", false, err
 	}
 	for _, m := range ms {
 		if isVdiskMount(m) && sameFile(m.source, path) {
-			return true, nil
+			return m.mountpoint, true, nil
 		}
 	}
-	return false, nil
+	return "", false, nil
+}
+
+// mountedAt returns the mount point of the store at path when it is held
+// by a mount daemon on this host that has it mounted: for errors that tell
+// the user to go through the mount instead.
+func mountedAt(path string) (string, bool) {
+	h, ok := image.ReadHolder(path)
+	if !ok || h.Program != mountProgram || h.PID <= 0 {
+		return "", false
+	}
+	if host, _ := os.Hostname(); h.Host != host || !isVdiskProcess(h.PID) {
+		return "", false
+	}
+	mnt, ok, err := storeMountpoint(h.PID, path)
+	return mnt, ok && err == nil
 }
 
 // findMount returns the mount at mountpoint (absolute) in this process's

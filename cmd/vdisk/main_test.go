@@ -112,7 +112,7 @@ func diskByName(t *testing.T, store, name string) lsEntry {
 
 func TestHelp(t *testing.T) {
 	r := mustRun(t, "--help")
-	for _, c := range []string{"format", "mount", "create", "ls", "info", "rm", "resize", "rename", "import", "export", "fsck", "defrag", "diff", "send", "receive", "--log-level", "Exit codes"} {
+	for _, c := range []string{"format", "mount", "create", "ls", "info", "rm", "resize", "rename", "snapshot", "upgrade", "import", "export", "fsck", "defrag", "diff", "send", "receive", "--log-level", "Exit codes"} {
 		if !strings.Contains(r.stdout, c) {
 			t.Errorf("help does not mention %q:\n%s", c, r.stdout)
 		}
@@ -173,6 +173,8 @@ func TestLockedStore(t *testing.T) {
 		{"rm", store, "a.raw"},
 		{"resize", store, "a.raw", "2M"},
 		{"rename", store, "a.raw", "b.raw"},
+		{"snapshot", store, "a.raw", "b.raw"},
+		{"upgrade", store},
 		{"import", store, "b.raw", src},
 		{"export", store, "a.raw", dst},
 		{"fsck", store},

@@ -119,6 +119,8 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newRmCmd(e),
 		newResizeCmd(e),
 		newRenameCmd(e),
+		newSnapshotCmd(e),
+		newUpgradeCmd(e),
 		newImportCmd(e),
 		newExportCmd(e),
 		newFsckCmd(e),
