@@ -43,22 +43,22 @@ func (e *env) openPath(path string, opts image.Options) (*image.Store, error) {
 		if err == nil || !errors.Is(err, backend.ErrLocked) {
 			return s, err
 		}
-		h, ok := closingHolder(path)
-		if !ok {
-			// The holder may have closed and exited since the lock was
-			// refused (its record then says so): one more try decides.
-			if s, err2 := image.OpenPath(path, opts); !errors.Is(err2, backend.ErrLocked) {
-				return s, err2
-			}
+		h, closing := closingHolder(path)
+		if !closing && !lettingGo(path) {
 			return nil, err
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(e.closeWait)
-			e.sayWaiting(path, h)
+			if closing {
+				e.sayWaiting(path, h)
+			}
 		} else if time.Now().After(deadline) {
+			if !closing {
+				return nil, fmt.Errorf("%w; its owner record says it was closed, but its lock is still held after %s", err, e.closeWait)
+			}
 			return nil, fmt.Errorf("%w; its daemon (pid %d) was unmounted but has not closed the store after %s", err, h.PID, e.closeWait)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -87,6 +87,16 @@ func (e *env) waitClosed(path string) error {
 func (e *env) sayWaiting(path string, h image.Holder) {
 	fmt.Fprintf(e.stderr, "vdisk: %s is still held by %s, pid %d, which was unmounted and is closing the store; waiting for it (up to %s)\n",
 		path, h.Program, h.PID, e.closeWait)
+}
+
+// lettingGo reports whether the store at path, whose lock was just refused,
+// is about to be let go of: its owner record says it was closed, or its
+// holder has exited. A closing store writes its closed record, then closes
+// its descriptor, which releases the lock; between the two the lock is
+// still held for a moment.
+func lettingGo(path string) bool {
+	h, ok := image.ReadHolder(path)
+	return !ok || h.PID > 0 && exited(h.PID)
 }
 
 // closingHolder reports the holder of the store at path when it is a mount
