@@ -408,3 +408,45 @@ func TestDefragLeavesSharedBlocks(t *testing.T) {
 		t.Fatal("defrag changed what a disk reads")
 	}
 }
+
+// TestFreeBlocksWithSharedDrops: Info counts as free only what the next
+// commit frees: a write around, or a punch of, shared blocks frees none of
+// them, while the new blocks of a copy-on-write are used at once.
+func TestFreeBlocksWithSharedDrops(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	s := ms.s
+	a := mustCreate(t, s, "a", 0)
+	defer a.Close()
+	mustWrite(t, a, randomBytes(1, 8<<20), 0)
+	b := mustCreate(t, s, "b", 0)
+	defer b.Close()
+	if _, err := b.CopyFrom(a, 0, 0, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	free := s.Info().FreeBlocks
+	mustWrite(t, b, randomBytes(2, 1<<20), 1<<20) // 256 new blocks, the old ones stay a's
+	if got, want := s.Info().FreeBlocks, free-256; got != want {
+		t.Errorf("after a copy-on-write of 1 MiB: %d free blocks, want %d", got, want)
+	}
+	if err := b.Punch(4<<20, 1<<20); err != nil { // shared: frees nothing
+		t.Fatal(err)
+	}
+	if got, want := s.Info().FreeBlocks, free-256; got != want {
+		t.Errorf("after punching shared blocks: %d free blocks, want %d", got, want)
+	}
+	if err := b.Punch(1<<20, 1<<20); err != nil { // b's own: freed at the commit
+		t.Fatal(err)
+	}
+	if got := s.Info().FreeBlocks; got != free {
+		t.Errorf("after punching b's own blocks: %d free blocks, want %d", got, free)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Info().FreeBlocks; got != free {
+		t.Errorf("after the commit: %d free blocks, want %d", got, free)
+	}
+}

@@ -505,6 +505,26 @@ func (s *Store) quarantineLockedMu(freed []blockmap.Extent) {
 	s.mu.pend.hold(q)
 }
 
+// quarantinedFreeLockedMu counts the held blocks the next commit frees:
+// those the quarantine holds as many references of as they have (a block
+// not shared has one; a shared block that only loses one of several stays
+// used). Caller holds s.mu.
+func (s *Store) quarantinedFreeLockedMu() uint64 {
+	held := make([]refcount.Range, len(s.mu.pend.quarantine))
+	for i, e := range s.mu.pend.quarantine {
+		held[i] = refcount.Range{Start: e.Start, Len: e.Len}
+	}
+	var n uint64
+	for _, h := range refcount.Profile(held) {
+		s.mu.shared.Pieces(h.Start, h.Len, func(_, l uint64, refs uint32) {
+			if refs <= h.Refs {
+				n += l
+			}
+		})
+	}
+	return n
+}
+
 // BlockSize returns the store's allocation unit in bytes.
 func (s *Store) BlockSize() int { return int(s.bs) }
 
@@ -536,11 +556,7 @@ func (s *Store) Info() Info {
 	s.commitMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var q uint64
-	for _, e := range s.mu.pend.quarantine {
-		q += e.Len
-	}
-	free := s.mu.alloc.freeBlocks + q
+	free := s.mu.alloc.freeBlocks + s.quarantinedFreeLockedMu()
 	return Info{
 		UUID:          fmt.Sprintf("%x-%x-%x-%x-%x", sb.UUID[0:4], sb.UUID[4:6], sb.UUID[6:8], sb.UUID[8:10], sb.UUID[10:16]),
 		Backing:       s.be.Describe(),
