@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"os/exec"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/fs/fuseuring"
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
 // Settings of the mount; doc.go says why each has its value.
@@ -292,6 +294,42 @@ func (s *Server) Snapshot(src, name string) (image.DiskInfo, error) {
 		s.log.WithError(err).WithField("disk", name).Warn("snapshot taken, but the kernel was not told of its name; it shows once the entry times out")
 	}
 	return info, nil
+}
+
+// Diff lists where the disk new differs from the disk old (image.Diff),
+// for `vdisk diff` on a mounted store.
+func (s *Server) Diff(old, new string) ([]image.Change, image.DiffStats, error) {
+	store := s.vfs.store
+	od, err := store.OpenDisk(old)
+	if err != nil {
+		return nil, image.DiffStats{}, err
+	}
+	defer od.Close()
+	nd, err := store.OpenDisk(new)
+	if err != nil {
+		return nil, image.DiffStats{}, err
+	}
+	defer nd.Close()
+	return image.Diff(od, nd)
+}
+
+// Send writes the stream of a disk (transfer.Send), for `vdisk send` on a
+// mounted store.
+func (s *Server) Send(w io.Writer, disk, from string) (transfer.Stats, error) {
+	return transfer.Send(w, s.vfs.store, disk, from, nil)
+}
+
+// Receive makes the disk name from a stream (transfer.Receive), for
+// `vdisk receive` on a mounted store; the kernel is told of the new name.
+func (s *Server) Receive(r io.Reader, name string) (transfer.Stats, error) {
+	st, err := transfer.Receive(r, s.vfs.store, name, nil)
+	if err != nil {
+		return st, err
+	}
+	if err := s.InvalidateDisk(name); err != nil {
+		s.log.WithError(err).WithField("disk", name).Warn("disk received, but the kernel was not told of its name; it shows once the entry times out")
+	}
+	return st, nil
 }
 
 // logWriter turns go-fuse's *log.Logger lines into logrus entries.

@@ -36,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
 // Source is what a mount offers to telemetry.
@@ -57,6 +58,15 @@ type Controller interface {
 	// disk, holding every write acknowledged before the call, durable
 	// and visible in the mount when it returns (fs.Server.Snapshot).
 	Snapshot(disk, name string) (image.DiskInfo, error)
+	// Diff lists where the disk new differs from the disk old
+	// (image.Diff).
+	Diff(old, new string) ([]image.Change, image.DiffStats, error)
+	// Send writes the stream of disk to w, incremental from the snapshot
+	// from when it is not "" (transfer.Send).
+	Send(w io.Writer, disk, from string) (transfer.Stats, error)
+	// Receive makes the disk name from the stream r (transfer.Receive);
+	// it is durable and shows in the mount when Receive returns.
+	Receive(r io.Reader, name string) (transfer.Stats, error)
 }
 
 // SnapshotRequest is the body of POST /snapshot.
@@ -196,6 +206,7 @@ func withControl(h http.Handler, ctl Controller) http.Handler {
 		w.WriteHeader(http.StatusCreated)
 		json.NewEncoder(w).Encode(SnapshotReply{Name: info.Name, ID: info.ID, Size: info.Size, Origin: req.Disk})
 	})
+	handleTransfers(mux, ctl)
 	return mux
 }
 

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
 // storeSource is a Source over a real store on the memory backend.
@@ -28,6 +30,25 @@ func (s storeSource) OpMetrics() map[string]image.HistogramSnapshot { return s.o
 func (s storeSource) Sync() error                                   { return s.s.Commit() }
 func (s storeSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return s.s.Snapshot(disk, name)
+}
+func (s storeSource) Diff(old, new string) ([]image.Change, image.DiffStats, error) {
+	od, err := s.s.OpenDisk(old)
+	if err != nil {
+		return nil, image.DiffStats{}, err
+	}
+	defer od.Close()
+	nd, err := s.s.OpenDisk(new)
+	if err != nil {
+		return nil, image.DiffStats{}, err
+	}
+	defer nd.Close()
+	return image.Diff(od, nd)
+}
+func (s storeSource) Send(w io.Writer, disk, from string) (transfer.Stats, error) {
+	return transfer.Send(w, s.s, disk, from, nil)
+}
+func (s storeSource) Receive(r io.Reader, name string) (transfer.Stats, error) {
+	return transfer.Receive(r, s.s, name, nil)
 }
 
 func newSource(t *testing.T) storeSource {

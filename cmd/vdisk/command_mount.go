@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -21,6 +22,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/telemetry"
+	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
 // mountFlags are the options of vdisk mount.
@@ -54,6 +56,20 @@ func (m mountSource) Sync() error { return m.s.Commit() }
 // the mount, when it returns.
 func (m mountSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return m.srv.Snapshot(disk, name)
+}
+
+// Diff, Send and Receive are `vdisk diff`, `send` and `receive` given a
+// mounted disk (fs.Server's).
+func (m mountSource) Diff(old, new string) ([]image.Change, image.DiffStats, error) {
+	return m.srv.Diff(old, new)
+}
+
+func (m mountSource) Send(w io.Writer, disk, from string) (transfer.Stats, error) {
+	return m.srv.Send(w, disk, from)
+}
+
+func (m mountSource) Receive(r io.Reader, name string) (transfer.Stats, error) {
+	return m.srv.Receive(r, name)
 }
 
 func newMountCmd(e *env) *cobra.Command {

@@ -52,17 +52,9 @@ shared bytes. The first snapshot or clone makes a store format version 2
 // snapshotMounted asks the daemon serving the mount that holds path (a
 // disk file) to take the snapshot, through the mount's socket.
 func snapshotMounted(e *env, path, name string) error {
-	abs, err := filepath.Abs(path)
+	mnt, disk, err := mountedDisk(path)
 	if err != nil {
-		return err
-	}
-	dir, disk := filepath.Split(abs)
-	mnt, err := canonicalMountpoint(filepath.Clean(dir))
-	if err != nil {
-		return err
-	}
-	if _, err := vdiskMountAt(mnt); err != nil {
-		return usageErrorf("%s is not a disk of a vdiskfs mount: %v; for a store that is not mounted: vdisk snapshot STORE DISK NAME", path, err)
+		return usageErrorf("%v; for a store that is not mounted: vdisk snapshot STORE DISK NAME", err)
 	}
 	rep, err := telemetry.Snapshot(mnt, disk, name)
 	if err != nil {
@@ -70,6 +62,23 @@ func snapshotMounted(e *env, path, name string) error {
 	}
 	fmt.Fprintf(e.stdout, "snapshot %s of %s taken: %s, read-only, shares every block (%s)\n", rep.Name, disk, formatSize(rep.Size), filepath.Join(mnt, rep.Name))
 	return nil
+}
+
+// mountedDisk splits path, a disk file of a vdiskfs mount, into the mount
+// point (as the mount table spells it) and the disk's name.
+func mountedDisk(path string) (mnt, disk string, err error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", "", err
+	}
+	dir, disk := filepath.Split(abs)
+	if mnt, err = canonicalMountpoint(filepath.Clean(dir)); err != nil {
+		return "", "", err
+	}
+	if _, err := vdiskMountAt(mnt); err != nil {
+		return "", "", fmt.Errorf("%s is not a disk of a vdiskfs mount: %w", path, err)
+	}
+	return mnt, disk, nil
 }
 
 // snapshotOffline takes the snapshot in a store that is not mounted.

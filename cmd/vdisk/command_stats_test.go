@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/telemetry"
+	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
 // statsSource serves a store's metrics the way a mount does, without FUSE.
@@ -21,6 +23,25 @@ func (s statsSource) OpMetrics() map[string]image.HistogramSnapshot { return nil
 func (s statsSource) Sync() error                                   { return s.s.Commit() }
 func (s statsSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return s.s.Snapshot(disk, name)
+}
+func (s statsSource) Diff(old, new string) ([]image.Change, image.DiffStats, error) {
+	od, err := s.s.OpenDisk(old)
+	if err != nil {
+		return nil, image.DiffStats{}, err
+	}
+	defer od.Close()
+	nd, err := s.s.OpenDisk(new)
+	if err != nil {
+		return nil, image.DiffStats{}, err
+	}
+	defer nd.Close()
+	return image.Diff(od, nd)
+}
+func (s statsSource) Send(w io.Writer, disk, from string) (transfer.Stats, error) {
+	return transfer.Send(w, s.s, disk, from, nil)
+}
+func (s statsSource) Receive(r io.Reader, name string) (transfer.Stats, error) {
+	return transfer.Receive(r, s.s, name, nil)
 }
 
 // serveFakeMount formats a memory store, writes 8 × 1 MiB to a disk and

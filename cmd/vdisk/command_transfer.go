@@ -11,6 +11,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/telemetry"
 	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
@@ -24,17 +25,35 @@ type diffEntry struct {
 func newDiffCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "diff STORE OLD NEW",
+		Use:   "diff MOUNTPOINT/OLD MOUNTPOINT/NEW | STORE OLD NEW",
 		Short: "List the byte ranges where one disk differs from another",
 		Long: `Diff lists the byte ranges of disk NEW that differ from disk OLD: "data" where
 NEW has bytes OLD does not, "zero" where NEW reads zeros over OLD's data.
 For disks related by a snapshot or a clone the answer comes from the block
 maps alone, without reading data (a block written since was copied on write,
 so it maps elsewhere); for unrelated disks the data is compared where both
-map blocks. The last line sums it up.`,
-		Example: "  vdisk diff /srv/vdisks.img vm1-monday vm1-tuesday",
-		Args:    exactArgs("STORE", "OLD", "NEW"),
+map blocks. The last line sums it up. With two arguments both disks are
+files of one vdiskfs mount, and its daemon answers; with three, STORE is not
+mounted.`,
+		Example: `  vdisk diff /mnt/vdisks/vm1-monday.raw /mnt/vdisks/vm1-tuesday.raw
+  vdisk diff /srv/vdisks.img vm1-monday.raw vm1-tuesday.raw`,
+		Args: rangeArgs(2, "STORE", "OLD", "NEW"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			if len(args) == 2 {
+				mnt, old, err := mountedDisk(args[0])
+				if err != nil {
+					return usageErrorf("%v; for a store that is not mounted: vdisk diff STORE OLD NEW", err)
+				}
+				mnt2, nd, err := mountedDisk(args[1])
+				if err != nil || mnt2 != mnt {
+					return usageErrorf("%s is not a disk of the mount %s", args[1], mnt)
+				}
+				rep, err := telemetry.Diff(mnt, old, nd)
+				if err != nil {
+					return err
+				}
+				return printDiff(e, rep.Changes, image.DiffStats{Related: rep.Related, ComparedBytes: rep.ComparedBytes}, asJSON)
+			}
 			s, err := e.openStore(args[0], "diff", true)
 			if err != nil {
 				return err
@@ -62,6 +81,10 @@ func runDiff(e *env, s *image.Store, oldName, newName string, asJSON bool) (err 
 	if err != nil {
 		return err
 	}
+	return printDiff(e, changes, st, asJSON)
+}
+
+func printDiff(e *env, changes []image.Change, st image.DiffStats, asJSON bool) error {
 	if asJSON {
 		out := make([]diffEntry, 0, len(changes))
 		for _, c := range changes {
@@ -101,24 +124,37 @@ func kindOf(c image.Change) string {
 func newSendCmd(e *env) *cobra.Command {
 	var from string
 	cmd := &cobra.Command{
-		Use:   "send STORE NAME [--from OLD] > STREAM",
+		Use:   "send MOUNTPOINT/NAME | STORE NAME [--from OLD] > STREAM",
 		Short: "Write a disk as a stream, complete or incremental",
-		Long: `Send writes disk NAME of STORE to standard output as a stream that
-"vdisk receive" turns back into a disk, on this host or another (through a
-pipe: vdisk send ... | ssh host vdisk receive ...). With --from OLD the
-stream holds only what changed since the snapshot OLD, which the receiver
-must hold (received from an earlier stream); the ranges come from the
-block maps, so only changed data is read. Send a snapshot ("vdisk
-snapshot"): it does not change while it is sent, and its identity lets the
-next incremental stream start from it. A progress bar is shown on a
-terminal. The stream format is in FORMAT.md ("Send stream").`,
-		Example: `  vdisk send /srv/vdisks.img vm1-monday > vm1-monday.stream
-  vdisk send /srv/vdisks.img vm1-tuesday --from vm1-monday | ssh backup vdisk receive /srv/vdisks.img vm1-tuesday`,
-		Args: exactArgs("STORE", "NAME"),
+		Long: `Send writes disk NAME to standard output as a stream that "vdisk receive"
+turns back into a disk, on this host or another (through a pipe: vdisk
+send ... | ssh host vdisk receive ...). With --from OLD the stream holds only
+what changed since the snapshot OLD, which the receiver must hold (received
+from an earlier stream); the ranges come from the block maps, so only
+changed data is read. Send a snapshot ("vdisk snapshot"): it does not change
+while it is sent, and its identity lets the next incremental stream start
+from it. NAME is a disk file of a vdiskfs mount (its daemon sends it) or, with
+STORE, a disk of a store that is not mounted. A progress bar is shown on a
+terminal (offline). The stream format is in FORMAT.md ("Send stream").`,
+		Example: `  vdisk send /mnt/vdisks/vm1-monday.raw > vm1-monday.stream
+  vdisk send /srv/vdisks.img vm1-tuesday.raw --from vm1-monday.raw | ssh backup vdisk receive /srv/vdisks.img vm1-tuesday.raw`,
+		Args: rangeArgs(1, "STORE", "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			out := e.stdout
 			if f, ok := out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 				return errors.New("send: standard output is a terminal: redirect the stream to a file or a pipe")
+			}
+			if len(args) == 1 {
+				mnt, disk, err := mountedDisk(args[0])
+				if err != nil {
+					return usageErrorf("%v; for a store that is not mounted: vdisk send STORE NAME", err)
+				}
+				n, err := telemetry.Send(mnt, disk, from, out)
+				if err != nil {
+					return fmt.Errorf("send %s: %w", disk, err)
+				}
+				fmt.Fprintf(e.stderr, "sent %s: a stream of %s\n", disk, formatSize(n))
+				return nil
 			}
 			s, err := e.openStore(args[0], "send", true)
 			if err != nil {
@@ -150,7 +186,7 @@ terminal. The stream format is in FORMAT.md ("Send stream").`,
 
 func newReceiveCmd(e *env) *cobra.Command {
 	return &cobra.Command{
-		Use:   "receive STORE NAME [STREAM]",
+		Use:   "receive MOUNTPOINT|STORE NAME [STREAM]",
 		Short: "Make a disk from a stream of vdisk send",
 		Long: `Receive reads a stream of "vdisk send" from the file STREAM, or from standard
 input when STREAM is absent or "-", and makes it disk
@@ -161,9 +197,12 @@ incremental stream starts from this store's copy of its base snapshot
 (found by identity, whatever its name here) and is refused, creating
 nothing, when the store does not hold it. The disk appears only once the
 whole stream has arrived and verified: a cut or damaged stream leaves no
-disk behind.`,
-		Example: "  vdisk receive /srv/vdisks.img vm1-monday < vm1-monday.stream",
-		Args:    rangeArgs(2, "STORE", "NAME", "STREAM"),
+disk behind. Given the MOUNTPOINT of a vdiskfs mount, its daemon receives
+the disk, and it shows in the mount; given a STORE, the store must not be
+mounted.`,
+		Example: `  vdisk receive /mnt/vdisks vm1-monday.raw < vm1-monday.stream
+  vdisk receive /srv/vdisks.img vm1-monday.raw vm1-monday.stream`,
+		Args: rangeArgs(2, "STORE", "NAME", "STREAM"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			in := io.Reader(os.Stdin)
 			if len(args) == 3 && args[2] != "-" {
@@ -173,6 +212,16 @@ disk behind.`,
 				}
 				defer f.Close()
 				in = f
+			}
+			if mnt, err := canonicalMountpoint(args[0]); err == nil {
+				if _, err := vdiskMountAt(mnt); err == nil {
+					st, err := telemetry.Receive(mnt, args[1], in)
+					if err != nil {
+						return err
+					}
+					printReceived(e, args[1], st)
+					return nil
+				}
 			}
 			s, err := e.openStore(args[0], "receive", false)
 			if err != nil {
@@ -192,11 +241,15 @@ func runReceive(e *env, in io.Reader, s *image.Store, name string) error {
 		return err
 	}
 	bar.done()
+	printReceived(e, name, st)
+	return nil
+}
+
+func printReceived(e *env, name string, st transfer.Stats) {
 	kind := "complete"
 	if st.Incremental {
 		kind = "incremental"
 	}
 	fmt.Fprintf(e.stdout, "received %s (%s stream): %s disk, %s of data, %s of zeros\n",
 		name, kind, formatSize(st.Size), formatSize(st.DataBytes), formatSize(st.ZeroBytes))
-	return nil
 }
