@@ -2,7 +2,10 @@
 // concurrent workload and checks, after each remount, the crash contract
 // end to end: everything acknowledged before the last completed fsync, or
 // synchronous write (O_DSYNC, O_SYNC, RWF_DSYNC), reads back exactly, no disk shows a byte of another disk, and vdisk fsck is
-// clean.
+// clean. The workload shares blocks too: copy_file_range within a disk,
+// and snapshots (vdisk snapshot through the mount's socket), each of which
+// must read, after every kill, exactly what its disk held when it was
+// taken.
 //
 // CI runs VDISK_CRASH_CYCLES (default 50) cycles; tools/crashloop.sh runs
 // any number.
@@ -26,6 +29,7 @@ import (
 	"github.com/ncw/directio"
 	"golang.org/x/sys/unix"
 
+	"github.com/vdiskfs/vdiskfs/telemetry"
 	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
@@ -70,13 +74,25 @@ func mount(t *testing.T, bin, store, mnt string, extra ...string) *daemon {
 // content as of the last fsync that returned success, with the byte ranges
 // touched since (which may hold old or new bytes after a crash).
 type diskModel struct {
-	tag     byte // high 3 bits of every byte this disk writes
-	cur     []byte
-	synced  []byte
-	touched []bool // since the last completed fsync
-	size    int64  // current size
-	sSize   int64  // size at the last completed fsync
-	resized bool   // size changed since the last completed fsync
+	snaps    []*snapModel // snapshots of the disk, oldest first
+	nextSnap int
+	checked  int  // snapshot reads verify checked
+	tag      byte // high 3 bits of every byte this disk writes
+	cur      []byte
+	synced   []byte
+	touched  []bool // since the last completed fsync
+	size     int64  // current size
+	sSize    int64  // size at the last completed fsync
+	resized  bool   // size changed since the last completed fsync
+}
+
+// snapModel is a snapshot of a disk: its content when it was taken, and
+// whether the snapshot call returned (then it must exist), or is being
+// removed (then it may still exist).
+type snapModel struct {
+	name           string
+	data           []byte
+	done, removing bool
 }
 
 func newDiskModel(i int) *diskModel {
@@ -120,8 +136,47 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			return
 		default:
 		}
-		switch op := rng.IntN(10); {
-		case op < 6: // write
+		switch op := rng.IntN(20); {
+		case op == 19: // a snapshot; at most two kept per disk
+			for len(m.snaps) > 0 && (len(m.snaps) >= 2 || m.snaps[0].removing) {
+				old := m.snaps[0]
+				old.removing = true
+				if err := os.Remove(filepath.Join(mnt, old.name)); err != nil && !os.IsNotExist(err) {
+					return
+				}
+				m.snaps = m.snaps[1:]
+			}
+			sm := &snapModel{name: fmt.Sprintf("d%d-s%d.raw", i, m.nextSnap), data: bytes.Clone(m.cur[:m.size])}
+			m.nextSnap++
+			m.snaps = append(m.snaps, sm)
+			if _, err := telemetry.Snapshot(mnt, filepath.Base(name), sm.name); err != nil {
+				return
+			}
+			sm.done = true
+		case op == 18: // copy_file_range within the disk: whole blocks shared
+			n := (1 + rng.Int64N(64)) * 4096
+			src := rng.Int64N((diskSpan-n)/4096) * 4096
+			dst := rng.Int64N((diskSpan-n)/4096) * 4096
+			if src < dst+n && dst < src+n {
+				continue
+			}
+			m.touch(dst, n)
+			if dst+n > m.size {
+				m.resized = true
+			}
+			roff, woff := src, dst
+			k, err := unix.CopyFileRange(int(f.Fd()), &roff, int(f.Fd()), &woff, int(n), 0)
+			if err != nil {
+				return
+			}
+			if k > 0 {
+				copy(m.cur[dst:dst+int64(k)], m.cur[src:src+int64(k)])
+				m.size = max(m.size, dst+int64(k))
+				if syncOpen {
+					m.promiseRange(dst, int64(k))
+				}
+			}
+		case op < 12: // write
 			var off, n int64
 			if direct {
 				off, n = rng.Int64N(diskSpan/512-512)*512, (1+rng.Int64N(256))*512
@@ -149,7 +204,7 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			if syncOpen || rwf != 0 {
 				m.promiseRange(off, n)
 			}
-		case op < 7: // punch a hole
+		case op < 14: // punch a hole
 			off, n := rng.Int64N(diskSpan), rng.Int64N(512<<10)
 			m.touch(off, n)
 			if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n); err != nil {
@@ -161,7 +216,7 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 			if syncOpen {
 				m.promiseRange(off, n)
 			}
-		case op < 8: // truncate
+		case op < 16: // truncate
 			size := rng.Int64N(diskSpan)
 			m.touch(min(size, m.size), diskSpan)
 			m.resized = true
@@ -221,6 +276,27 @@ func verify(t *testing.T, cycle int, mnt string, models []*diskModel) {
 				t.Fatalf("cycle %d: d%d byte %d is %#x, %#x was fsynced and nothing touched it since", cycle, i, j, b, m.synced[j])
 			}
 		}
+		for _, sm := range m.snaps {
+			got, err := os.ReadFile(filepath.Join(mnt, sm.name))
+			switch {
+			case err != nil && os.IsNotExist(err) && (!sm.done || sm.removing):
+				sm.removing = false // gone, as it may be
+				continue
+			case err != nil:
+				t.Fatalf("cycle %d: snapshot %s of d%d (done %v): %v", cycle, sm.name, i, sm.done, err)
+			case !bytes.Equal(got, sm.data):
+				t.Fatalf("cycle %d: snapshot %s of d%d reads %d bytes that differ from the %d its disk held when it was taken", cycle, sm.name, i, len(got), len(sm.data))
+			}
+			sm.done = true
+			m.checked++
+		}
+		live := m.snaps[:0]
+		for _, sm := range m.snaps {
+			if sm.done {
+				live = append(live, sm)
+			}
+		}
+		m.snaps = live
 		// Adopt what survived as the new baseline: it is all durable now
 		// (the remount replayed it and the test will fsync before going on).
 		n := min(int64(len(got)), diskSpan)
@@ -322,5 +398,12 @@ func TestCrashLoop(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d kill -9 cycles survived", kills)
+	checked := 0
+	for _, m := range models {
+		checked += m.checked
+	}
+	t.Logf("%d kill -9 cycles survived; %d reads of snapshots matched their disks when taken", kills, checked)
+	if checked == 0 {
+		t.Error("no snapshot was checked")
+	}
 }
