@@ -124,6 +124,7 @@ const (
 	mopTruncate
 	mopFsync
 	mopReopen
+	mopCopy // copy_file_range from the other disk: shared blocks, written around later
 	numMountOps
 )
 
@@ -164,6 +165,12 @@ func (m *fuzzMounts) run(t *testing.T, prog []byte) {
 		op, d := prog[i]%numMountOps, disks[int(prog[i+1])%len(disks)]
 		a, b := prog[i+2], prog[i+3]
 		what := fmt.Sprintf("op %d (%d %d %d) on %s", i/4, op, a, b, d.path)
+		if op == mopCopy {
+			if err := d.copyFrom(disks[1-int(prog[i+1])%len(disks)], a, b); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			continue
+		}
 		if err := d.do(t, op, a, b, uint64(i)); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
@@ -289,6 +296,30 @@ func (d *fuzzDisk) do(t *testing.T, op, a, b byte, seq uint64) error {
 		d.close()
 		d.open(t, 0)
 		d.verify(t, "after a reopen")
+	}
+	return nil
+}
+
+// copyFrom copies a range of src into d with copy_file_range: whole
+// blocks become shared, edges are copied.
+func (d *fuzzDisk) copyFrom(src *fuzzDisk, a, b byte) error {
+	srcOff, n := src.offLen(a, b)
+	off, _ := d.offLen(b, a)
+	if a%2 == 0 {
+		off = off&^4095 | srcOff&4095 // placed alike in their blocks: shared
+	}
+	off = min(off, fuzzDiskMax-n)
+	roff, woff := srcOff, off
+	k, err := unix.CopyFileRange(int(src.plain.Fd()), &roff, int(d.plain.Fd()), &woff, int(n), 0)
+	if err != nil {
+		return fmt.Errorf("copy %d bytes at %d to %d: %w", n, srcOff, off, err)
+	}
+	want := max(0, min(n, int64(len(src.model))-srcOff))
+	if int64(k) != want {
+		return fmt.Errorf("copy %d bytes at %d to %d: copied %d, want %d", n, srcOff, off, k, want)
+	}
+	if k > 0 {
+		d.write(bytes.Clone(src.model[srcOff:srcOff+int64(k)]), off)
 	}
 	return nil
 }
