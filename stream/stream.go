@@ -91,7 +91,7 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	if len(h.Name) > 0xffff || len(h.FromName) > 0xffff || h.Size < 0 {
 		return nil, fmt.Errorf("stream header: name or size out of range")
 	}
-	sw := &Writer{w: bufio.NewWriterSize(w, 1<<20)}
+	sw := &Writer{w: bufio.NewWriterSize(w, 256<<10)}
 	le := binary.LittleEndian
 	b := append([]byte(nil), magic[:]...)
 	b = le.AppendUint32(b, Version)

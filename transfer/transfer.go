@@ -24,9 +24,9 @@ import (
 	"github.com/vdiskfs/vdiskfs/stream"
 )
 
-// chunk is the size of Send's reads: one backend I/O each, as large as the
-// store makes them.
-const chunk = 4 << 20
+// chunk is the size of Send's reads, one backend I/O each: 1 MiB, as a
+// data record; larger ones measured slower (more memory to copy through).
+const chunk = 1 << 20
 
 // Stats say what a transfer moved.
 type Stats struct {
@@ -95,35 +95,91 @@ func send(w io.Writer, s *image.Store, name, from string, progress func(done, to
 	if err != nil {
 		return st, err
 	}
-	buf := directio.AlignedBlock(chunk) // aligned: the planner reads into it directly
-	for _, c := range changes {
-		if c.Zero {
-			if err := sw.Zero(c.Off, c.Len); err != nil {
-				return st, err
-			}
-			st.ZeroBytes += c.Len
-			st.Records++
-			continue
+	// A reader goroutine reads the next chunks while this one writes:
+	// the disk's reads and the stream's writes overlap.
+	chunks, done := make(chan readChunk, 2), make(chan struct{})
+	defer close(done)
+	go readChanges(nd, changes, chunks, done)
+	for c := range chunks {
+		if c.err != nil {
+			return st, c.err
 		}
-		for off := c.Off; off < c.Off+c.Len; {
-			n := min(int64(len(buf)), c.Off+c.Len-off)
-			k, err := nd.ReadAt(buf[:n], off)
-			if int64(k) != n {
-				return st, fmt.Errorf("read %d bytes at %d: %w", n, off, err)
-			}
-			if err := sw.Data(off, buf[:n]); err != nil {
-				return st, err
-			}
-			off += n
-			st.ReadBytes += n
-			st.DataBytes += n
-			st.Records += int((n + stream.MaxData - 1) / stream.MaxData)
+		var err error
+		if c.zero {
+			err = sw.Zero(c.off, c.n)
+			st.ZeroBytes += c.n
+			st.Records++
+		} else {
+			err = sw.Data(c.off, c.buf[:c.n])
+			st.ReadBytes += c.n
+			st.DataBytes += c.n
+			st.Records += int((c.n + stream.MaxData - 1) / stream.MaxData)
 			if progress != nil {
 				progress(st.DataBytes, total)
 			}
 		}
+		if c.free != nil {
+			c.free <- c.buf
+		}
+		if err != nil {
+			return st, err
+		}
 	}
 	return st, sw.Close()
+}
+
+// readChunk is a piece of a change, read (or a zero range), for Send's
+// writer; free takes the buffer back.
+type readChunk struct {
+	off, n int64
+	zero   bool
+	buf    []byte
+	free   chan []byte
+	err    error
+}
+
+// readChanges reads the data of changes from d in chunks into three
+// buffers that go round, and sends them in order on out, which it closes;
+// it stops early when done closes.
+func readChanges(d *image.Disk, changes []image.Change, out chan<- readChunk, done <-chan struct{}) {
+	defer close(out)
+	free := make(chan []byte, 3)
+	for range 3 {
+		free <- directio.AlignedBlock(chunk) // aligned: the planner reads into it directly
+	}
+	send := func(c readChunk) bool {
+		select {
+		case out <- c:
+			return true
+		case <-done:
+			return false
+		}
+	}
+	for _, c := range changes {
+		if c.Zero {
+			if !send(readChunk{off: c.Off, n: c.Len, zero: true}) {
+				return
+			}
+			continue
+		}
+		for off := c.Off; off < c.Off+c.Len; {
+			var buf []byte
+			select {
+			case buf = <-free:
+			case <-done:
+				return
+			}
+			n := min(int64(len(buf)), c.Off+c.Len-off)
+			if k, err := d.ReadAt(buf[:n], off); int64(k) != n {
+				send(readChunk{err: fmt.Errorf("read %d bytes at %d: %w", n, off, err)})
+				return
+			}
+			if !send(readChunk{off: off, n: n, buf: buf, free: free}) {
+				return
+			}
+			off += n
+		}
+	}
 }
 
 // Receive reads a stream from r into s as the disk name, a read-only
