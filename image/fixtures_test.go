@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/image/backend"
@@ -269,6 +270,13 @@ var fsckFixtures = []fsckFixture{
 	}, []string{CodeRefLow}, sharedKeeps, fixtureShared},
 }
 
+// repairSays holds, per fixture, a sentence one of repair's actions must
+// contain.
+var repairSays = map[string]string{
+	"refcount-high": "255 block(s) counted above their users, 0 below",
+	"refcount-low":  "0 block(s) counted above their users, 1 below",
+}
+
 // sharedKeeps is what the disks of fixtureShared hold at offset 0.
 var sharedKeeps = map[string]byte{"a.raw": 'X', "a-snap": 'A', "a-clone.raw": 'A', "b.raw": 'B'}
 
@@ -355,8 +363,13 @@ func TestFsckFixtures(t *testing.T) {
 			if err != nil {
 				t.Fatalf("repair: %v", err)
 			}
+			said := repairSays[fx.name] == ""
 			for _, a := range actions {
 				t.Logf("repair: %s", a)
+				said = said || strings.Contains(a, repairSays[fx.name])
+			}
+			if !said {
+				t.Errorf("no repair action says %q", repairSays[fx.name])
 			}
 			if rep := s.Check(); !rep.Clean() {
 				t.Fatalf("after repair: %v", rep.Findings)
