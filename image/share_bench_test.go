@@ -138,10 +138,9 @@ func benchShareStore(b *testing.B, size int64) (*Store, *countingBackend) {
 
 // shareMetrics adds up the phases of every op and reports them per op.
 type shareMetrics struct {
-	ops                     int
-	share, commit, ckpt     time.Duration
-	shared, ckptW           writes
-	ckptBytes, extentsAfter int64
+	ops                 int
+	share, commit, ckpt time.Duration
+	shared, ckptW       writes
 }
 
 func (m *shareMetrics) add(share, commit, ckpt time.Duration, w, cw writes) {
