@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/google/btree"
 )
@@ -421,51 +422,71 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) (
 
 // diskBase chooses the layout base of a disk of blocks blocks that has
 // nothing mapped (allocator.base): it avoids the layouts of the other
-// disks that have (layoutsExcept). A base is only a goal.
+// disks (claimedLayouts). The layouts are read disk by disk and may be
+// stale by the time the allocator is asked: a base is only a goal.
 func (s *Store) diskBase(self *disk, blocks uint64) (uint64, bool) {
-	if l := self.layout.Load(); l != 0 {
+	return s.chooseBase(&self.layout, blocks, s.claimedLayouts(self))
+}
+
+// cowBase chooses the base of the layout a disk's copied-on-write blocks
+// follow where no block of its own is near (allocHoles): like diskBase,
+// but avoiding the disk's own first layout too, where the blocks it shares
+// lie.
+func (s *Store) cowBase(self *disk, blocks uint64) (uint64, bool) {
+	return s.chooseBase(&self.cowLayout, blocks, s.claimedLayouts(nil))
+}
+
+// chooseBase returns the base slot holds (plus one), or chooses one
+// outside claimed and stores it there, unless a concurrent writer chose
+// first.
+func (s *Store) chooseBase(slot *atomic.Uint64, blocks uint64, claimed func() []pext) (uint64, bool) {
+	if l := slot.Load(); l != 0 {
 		return l - 1, true
 	}
-	claimed := s.layoutsExcept(self)
+	c := claimed()
 	s.mu.Lock()
-	base, ok := s.mu.alloc.base(blocks, claimed)
+	base, ok := s.mu.alloc.base(blocks, c)
 	s.mu.Unlock()
 	if !ok {
 		return 0, false
 	}
-	if !self.layout.CompareAndSwap(0, base+1) { // a concurrent first write chose first
-		base = self.layout.Load() - 1
+	if !slot.CompareAndSwap(0, base+1) { // a concurrent first write chose first
+		base = slot.Load() - 1
 	}
 	return base, true
 }
 
-// layoutsExcept returns the layouts of the disks other than self that have
-// something mapped, sorted by start: each [its first extent's physical
-// block - its virtual block, + its size in blocks, or up to its last mapped
-// block if that is more). The layouts are read disk by disk and may be
-// stale by the time the allocator is asked: they only steer placement.
-func (s *Store) layoutsExcept(self *disk) []pext {
-	s.mu.Lock()
-	ds := make([]*disk, 0, len(s.mu.disks))
-	for _, d := range s.mu.disks {
-		if d != self { // its own layout is not in its way
-			ds = append(ds, d)
+// claimedLayouts returns (when called) the layouts of every disk but
+// except, sorted by start: each [its first extent's physical block - its
+// virtual block, + its size in blocks, or up to its last mapped block if
+// that is more), and its copy-on-write layout, if it has one, as long.
+func (s *Store) claimedLayouts(except *disk) func() []pext {
+	return func() []pext {
+		s.mu.Lock()
+		ds := make([]*disk, 0, len(s.mu.disks))
+		for _, d := range s.mu.disks {
+			if d != except { // its own first writes may be published meanwhile
+				ds = append(ds, d)
+			}
 		}
-	}
-	s.mu.Unlock()
-	var claimed []pext
-	for _, d := range ds {
-		d.mu.RLock()
-		first, ok := d.m.First()
-		last, _ := d.m.Last()
-		if ok && first.Phys >= first.Virt {
-			size := (uint64(d.attr.Size) + s.bs - 1) / s.bs
-			claimed = append(claimed, pext{Start: first.Phys - first.Virt, Len: max(size, last.End())})
+		s.mu.Unlock()
+		var claimed []pext
+		for _, d := range ds {
+			d.mu.RLock()
+			first, ok := d.m.First()
+			last, _ := d.m.Last()
+			size := max((uint64(d.attr.Size)+s.bs-1)/s.bs, last.End())
+			if ok && first.Phys >= first.Virt {
+				claimed = append(claimed, pext{Start: first.Phys - first.Virt, Len: size})
+			}
+			if l := d.cowLayout.Load(); l != 0 {
+				claimed = append(claimed, pext{Start: l - 1, Len: size})
+			}
+			d.mu.RUnlock()
 		}
-		d.mu.RUnlock()
+		slices.SortFunc(claimed, func(a, b pext) int { return cmp.Compare(a.Start, b.Start) })
+		return claimed
 	}
-	slices.SortFunc(claimed, func(a, b pext) int { return cmp.Compare(a.Start, b.Start) })
-	return claimed
 }
 
 // unallocate returns blocks that were allocated but never mapped: no record

@@ -111,7 +111,7 @@ func (d *disk) defrag(name string, chunk uint64, progress func(done, total uint6
 		res.Skipped = DefragContiguous
 		return res, nil
 	}
-	claimed := s.layoutsExcept(d)
+	claimed := s.claimedLayouts(d)()
 	s.mu.Lock()
 	region := s.mu.alloc.region(mapped, claimed)
 	s.mu.Unlock()

@@ -45,6 +45,10 @@ type disk struct {
 	// first of them and kept, so that concurrent first writes aim at one
 	// layout (Store.diskBase); forgotten when the map empties.
 	layout atomic.Uint64
+	// cowLayout is the same for the blocks the disk gets by copy-on-write
+	// where no block of its own is near (Store.cowBase): its first layout
+	// holds blocks it shares. Forgotten when the map empties.
+	cowLayout atomic.Uint64
 
 	// Access and modification times change on every I/O; they are kept
 	// outside mu and journalled lazily, at the next commit.
@@ -152,4 +156,11 @@ func checkRange(off, n int64) error {
 		return fmt.Errorf("range [%d,+%d) beyond the largest disk size %d: %w", off, n, MaxDiskSize, ErrTooLarge)
 	}
 	return nil
+}
+
+// forgetLayouts makes the next write into a disk whose map emptied choose
+// its layouts afresh.
+func (d *disk) forgetLayouts() {
+	d.layout.Store(0)
+	d.cowLayout.Store(0)
 }

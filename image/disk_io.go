@@ -126,6 +126,11 @@ type neighbours struct {
 	prev, next       blockmap.Extent
 	hasPrev, hasNext bool
 	blocks           uint64
+	// cow: a neighbour was dropped because the disk shares its blocks
+	// (ownNeighboursLockedMu), so the disk's first layout is where blocks
+	// it shares lie: a hole with no neighbour aims at its copy-on-write
+	// layout instead (Store.cowBase).
+	cow bool
 }
 
 // neighboursLockedMu returns the neighbours of blocks [first, first+count).
@@ -138,6 +143,23 @@ func (d *disk) neighboursLockedMu(first, count uint64) neighbours {
 	}
 	nb.blocks = (uint64(d.attr.Size) + d.s.bs - 1) / d.s.bs
 	return nb
+}
+
+// ownNeighboursLockedMu drops the neighbours that cannot say where the
+// request's new blocks belong because the disk does not own their blocks
+// alone: an extent before the range whose last block is shared or that
+// reaches into the range (its blocks there are being copied on write),
+// an extent after it whose first block is shared. Aimed by those, a
+// copy-on-write would aim at the shared block itself, which is taken, and
+// land wherever the allocator finds room next, one extent per write.
+// Caller holds d.mu and s.mu.
+func (s *Store) ownNeighboursLockedMu(nb *neighbours, first, count uint64) {
+	if nb.hasPrev && (nb.prev.End() > first || s.mu.shared.Shared(nb.prev.PhysEnd()-1, 1)) {
+		nb.hasPrev, nb.cow = false, true
+	}
+	if nb.hasNext && (nb.next.Virt < first+count || s.mu.shared.Shared(nb.next.Phys, 1)) {
+		nb.hasNext, nb.cow = false, true
+	}
 }
 
 // allocHoles fills sc.out with sc.segs (a lookup), every hole given new
@@ -155,7 +177,10 @@ func (d *disk) neighboursLockedMu(first, count uint64) neighbours {
 // order is aimed at one linear layout, base + virtual block, and a disk
 // written at random reads back in large I/Os wherever that layout was
 // free; where another disk holds the goal, the allocator takes the next
-// free blocks after it.
+// free blocks after it. Neighbours whose blocks are shared do not count
+// (ownNeighboursLockedMu), and a copy-on-write with none left aims at a
+// second layout of the disk's (Store.cowBase), so a disk rewritten at
+// random over a snapshot or a clone is laid out by virtual offset too.
 func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 	var lastVirt, lastPhys uint64
 	hasLast := false
@@ -178,6 +203,9 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 			goal = lastPhys + (sg.Virt - lastVirt)
 		case hasNext && next.Phys >= next.Virt-sg.Virt:
 			goal, hasGoal = next.Phys-(next.Virt-sg.Virt), true
+		case !hasNext && nb.cow:
+			goal, hasGoal = s.cowBase(nb.d, nb.blocks)
+			goal += sg.Virt
 		case !hasNext:
 			goal, hasGoal = s.diskBase(nb.d, nb.blocks)
 			goal += sg.Virt

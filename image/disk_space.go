@@ -165,7 +165,7 @@ func (d *disk) unmapLockedRange(v, n uint64) {
 		return
 	}
 	if d.m.Len() == 0 {
-		d.layout.Store(0) // the next first write chooses afresh
+		d.forgetLayouts() // the next first write chooses afresh
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -187,7 +187,7 @@ func (d *disk) setSizeLockedRange(size int64) {
 	keep := coalesce.RoundUp(uint64(size), s.bs) / s.bs
 	freed := d.m.Punch(keep, ^uint64(0)-keep, nil)
 	if d.m.Len() == 0 {
-		d.layout.Store(0) // the next first write chooses afresh
+		d.forgetLayouts() // the next first write chooses afresh
 	}
 	d.attr.Size = size
 	d.attr.Ctime = time.Now().UnixNano()

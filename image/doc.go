@@ -63,9 +63,13 @@
 // offset, not the order of the writes: a hole is aimed at its nearest
 // mapped neighbour's physical block plus the virtual distance (the extent
 // before it, else the one after), and a disk with nothing mapped gets one
-// layout base, outside the layouts other disks follow (allocHoles). So a
+// layout base, outside the layouts other disks follow (allocHoles). A
+// neighbour whose blocks are shared does not count, and a copy-on-write
+// with no neighbour of its own aims at a second layout of the disk's,
+// outside every layout (its first one holds what it shares). So a
 // sequential stream stays one extent, a disk filled in random order too
-// where its layout is free, and package coalesce turns a request's
+// where its layout is free, one rewritten at random over a snapshot too,
+// and package coalesce turns a request's
 // lookup segments into one backend I/O per physically contiguous run. A
 // disk whose blocks are scattered all the same (laid out before placement
 // followed the virtual offset, or where its layout was taken) is rewritten

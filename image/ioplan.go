@@ -203,14 +203,19 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	d.mu.RLock()
 	sc.segs = d.m.Lookup(sc.segs, first, count)
 	holes := hasHole(sc)
-	if m.write && d.mayShare.Load() { // shared blocks are written around, like holes
+	// Only holes to fill need neighbours: not the read path. Shared blocks
+	// are written around, like holes.
+	var nb neighbours
+	if m.write && d.mayShare.Load() {
 		s.mu.Lock()
 		sc.cowed = s.cowLockedMu(d, sc)
-		s.mu.Unlock()
 		holes = holes || sc.cowed
-	}
-	var nb neighbours // only holes to fill need them: not on the read path
-	if m.write && holes {
+		if holes {
+			nb = d.neighboursLockedMu(first, count)
+			s.ownNeighboursLockedMu(&nb, first, count)
+		}
+		s.mu.Unlock()
+	} else if m.write && holes {
 		nb = d.neighboursLockedMu(first, count)
 	}
 	size := d.attr.Size

@@ -174,8 +174,9 @@ func (s *Store) repairStateLockedCommit() []string {
 	if lost := s.mu.alloc.freeBlocks; lost != a.freeBlocks {
 		say("rebuilt the free map: %d free blocks (was %d)", a.freeBlocks, lost)
 	}
-	if before, after := s.mu.shared.Len(), counts.Len(); !s.mu.shared.Equal(counts) {
-		say("rebuilt the reference counts of shared blocks: %d stretches (were %d)", after, before)
+	if high, low := countDiff(s.mu.shared, counts); high+low > 0 {
+		say("rebuilt the reference counts of shared blocks from the maps: %d block(s) counted above their users, %d below; %d stretch(es) shared now (were %d)",
+			high, low, counts.Len(), s.mu.shared.Len())
 	}
 	s.mu.shared = counts
 	s.markSharingLockedMu()
@@ -185,4 +186,24 @@ func (s *Store) repairStateLockedCommit() []string {
 	s.mu.extents = extents
 	s.mu.Unlock()
 	return actions
+}
+
+// countDiff counts the blocks whose count in old is above, and below,
+// their count in rebuilt (a block a table does not list counts 1). Such a
+// block has a count of at least 2 in the table that says more, so one
+// walk over each table finds them all.
+func countDiff(old, rebuilt *refcount.Table) (high, low uint64) {
+	above := func(a, b *refcount.Table) uint64 {
+		var n uint64
+		a.Ascend(func(e refcount.Extent) bool {
+			b.Pieces(e.Start, e.Len, func(_, l uint64, refs uint32) {
+				if refs < e.Refs {
+					n += l
+				}
+			})
+			return true
+		})
+		return n
+	}
+	return above(old, rebuilt), above(rebuilt, old)
 }

@@ -285,7 +285,7 @@ func (d *disk) share(src *disk, sv, v, count uint64, clone bool) error {
 		s.mu.shared.Add(sg.Phys, sg.Len)
 	}
 	if d.m.Len() == 0 {
-		d.layout.Store(0)
+		d.forgetLayouts()
 	}
 	s.mu.extents += d.m.Len() - before
 	recs := []record{{Type: recClone, ID: d.id, Src: src.id, SrcVirt: sv, Virt: v, Len: count}}

@@ -30,6 +30,11 @@ func TestFsckFixtureExitCodes(t *testing.T) {
 		{"used-block-free", exitUncorrected, exitRepaired, "used-block-free"},
 		{"invalid-name", exitUncorrected, exitRepaired, "invalid-name"},
 		{"duplicate-name", exitUncorrected, exitRepaired, "duplicate-name"},
+		// Version 2, with a snapshot and a clone: a count above the users
+		// is a leak (exit 2), below them fatal (exit 4).
+		{"shared-clean", exitOK, exitOK, ""},
+		{"refcount-high", exitLeaks, exitRepaired, "refcount-high"},
+		{"refcount-low", exitUncorrected, exitRepaired, "refcount-low"},
 	}
 	for _, c := range cases {
 		t.Run(c.fixture, func(t *testing.T) {

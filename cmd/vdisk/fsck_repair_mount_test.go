@@ -20,7 +20,8 @@ import (
 // The fixtures are built by image/fixtures_test.go: a.raw is 3 MiB, with
 // 1 MiB of 'A' at 0 and 4 KiB of 'a' at 2 MiB; b.raw is 256 KiB of 'B';
 // the journal fixtures add c.raw, three 8 KiB runs of 'C' at 0, 64 KiB and
-// 128 KiB, each synced in its own journal commit.
+// 128 KiB, each synced in its own journal commit; the shared ones add
+// a-snap and a-clone.raw, sharing a.raw's blocks.
 func TestFsckRepairThenMount(t *testing.T) {
 	requireFUSE(t)
 	fill := func(size int64, runs ...fixRun) []byte {
@@ -32,6 +33,10 @@ func TestFsckRepairThenMount(t *testing.T) {
 	}
 	a := fill(3<<20, fixRun{0, 1 << 20, 'A'}, fixRun{2 << 20, 4096, 'a'})
 	b := fill(256<<10, fixRun{0, 256 << 10, 'B'})
+	// The shared fixtures: a-snap and a-clone.raw hold a.raw as it was
+	// before 4 KiB of 'X' were written at its start (copy-on-write).
+	aX := fill(3<<20, fixRun{0, 1 << 20, 'A'}, fixRun{2 << 20, 4096, 'a'}, fixRun{0, 4096, 'X'})
+	shared := map[string][]byte{"a.raw": aX, "a-snap": a, "a-clone.raw": a, "b.raw": b}
 	c1 := fill(8<<10, fixRun{0, 8 << 10, 'C'})
 	c2 := fill(72<<10, fixRun{0, 8 << 10, 'C'}, fixRun{64 << 10, 8 << 10, 'C'})
 	cases := []struct {
@@ -57,6 +62,11 @@ func TestFsckRepairThenMount(t *testing.T) {
 		// The unusable names give way to recovered-ID.raw, data intact.
 		{"invalid-name", exitRepaired, map[string][]byte{"recovered-1.raw": a, "b.raw": b}},
 		{"duplicate-name", exitRepaired, map[string][]byte{"a.raw": a, "recovered-2.raw": b}},
+		// Wrong reference counts are rebuilt from the maps: no disk loses
+		// a byte, none shows another's.
+		{"shared-clean", exitOK, shared},
+		{"refcount-high", exitRepaired, shared},
+		{"refcount-low", exitRepaired, shared},
 	}
 	for _, c := range cases {
 		t.Run(c.fixture, func(t *testing.T) {
