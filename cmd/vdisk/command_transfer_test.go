@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -105,7 +106,11 @@ func TestSendReceiveMounted(t *testing.T) {
 	if testing.Short() {
 		size = 32 << 20
 	}
-	storeA, storeB := newStore(t, "--size", "1G"), newStore(t, "--size", "1G")
+	if v, err := strconv.ParseInt(os.Getenv("VDISK_SEND_MIB"), 10, 64); err == nil && v > 0 {
+		size = v << 20 // the figure: VDISK_SEND_MIB=1024
+	}
+	storeSize := strconv.FormatInt(max(1<<30, 3*size), 10)
+	storeA, storeB := newStore(t, "--size", storeSize), newStore(t, "--size", storeSize)
 	ma, mb := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
 	startDaemon(t, bin, storeA, ma)
 	startDaemon(t, bin, storeB, mb)
