@@ -120,6 +120,8 @@ type scratch struct {
 	cow    []blockmap.Segment // a write's segments with its shared pieces as holes (Store.cowLockedMu)
 	cowed  bool               // the write gives shared blocks new ones: publishing unmaps them
 	shard  uint32             // the counter shard this scratch's requests count into
+
+	unmapped []blockmap.Extent // the shared blocks a copy-on-write unmaps, while it publishes
 }
 
 // scratchPool keeps scratches per P (sync.Pool's own rule), and each

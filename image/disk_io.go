@@ -259,14 +259,14 @@ func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
 	defer d.mu.Unlock()
 	before := d.m.Len()
 	var recs []record
-	var unmapped []blockmap.Extent // shared blocks this write gave new ones
+	sc.unmapped = sc.unmapped[:0] // shared blocks this write gave new ones
 	for _, sg := range sc.out {
 		if isAllocated(sg, sc.allocs) {
 			sc.freed = d.m.Insert(blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}, sc.freed[:0])
 			if len(sc.freed) != 0 && !sc.cowed {
 				panic(fmt.Sprintf("image: disk %d: write mapped over %v while holding its range lock", d.id, sc.freed))
 			}
-			unmapped = append(unmapped, sc.freed...)
+			sc.unmapped = append(sc.unmapped, sc.freed...)
 			recs = append(recs, record{Type: recMap, ID: d.id, Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len})
 		}
 	}
@@ -280,7 +280,7 @@ func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
 		delete(s.mu.inflight, e.Start)
 	}
 	s.appendLockedMu(recs...)
-	s.quarantineLockedMu(unmapped) // the shared blocks lose this disk's reference
+	s.quarantineLockedMu(sc.unmapped) // the shared blocks lose this disk's reference
 	s.mu.Unlock()
 }
 

@@ -498,11 +498,9 @@ func (s *Store) appendLockedMu(recs ...record) {
 // its last owner writes around it (copy-on-write) rather than into it
 // until then. Caller holds s.mu.
 func (s *Store) quarantineLockedMu(freed []blockmap.Extent) {
-	q := make([]pext, len(freed))
-	for i, f := range freed {
-		q[i] = pext{Start: f.Phys, Len: f.Len}
+	for _, f := range freed {
+		s.mu.pend.quarantine = append(s.mu.pend.quarantine, pext{Start: f.Phys, Len: f.Len})
 	}
-	s.mu.pend.hold(q)
 }
 
 // quarantinedFreeLockedMu counts the held blocks the next commit frees:

@@ -17,12 +17,15 @@
 # each disk ended with. It prints every
 # round's MB/s and the daemon's CPU per GB written, then per workload the
 # median and range of the per-round ratio COW/holes.
+# CONTROL=1 runs the same with hole2.raw, another disk of holes, in
+# src.raw's place: an A/A run whose ratios show how far the host alone
+# moves them.
 # Needs root, /dev/fuse, fio and python3; DIR (default /var/tmp/vdisk-cow)
 # must take O_DIRECT (not tmpfs). See docs/BENCHMARKS.md, "Clones and
 # snapshots".
 set -euo pipefail
 rounds=${1:-3}
-seq_gib=${SEQ_GIB:-4} rand_gib=${RAND_GIB:-1} settle=${SETTLE:-5}
+seq_gib=${SEQ_GIB:-4} rand_gib=${RAND_GIB:-1} settle=${SETTLE:-5} control=${CONTROL:-0}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 dir=${DIR:-/var/tmp/vdisk-cow}
 mkdir -p "$dir"
@@ -65,18 +68,20 @@ for r in $(seq 1 "$rounds"); do
 		if ((r % 2)); then order=(cow holes); else order=(holes cow); fi
 		for side in "${order[@]}"; do
 			disk=src.raw
+			((control)) && disk=hole2.raw
 			[[ $side == holes ]] && disk=hole.raw
 			sync
 			sleep "$settle"
 			run "$w" "$disk" "$gib" "$pid" "$dir/$w-$side-$r.json"
 		done
 		"$bin" umount "$mnt" >/dev/null
-		"$mk" -check "$store" | sed "s/^/$w round $r: /"
+		"$mk" -check -control="$((control))" "$store" | sed "s/^/$w round $r: /"
 	done
 done
-python3 - "$dir" "$rounds" "$(getconf CLK_TCK)" "${workloads[@]}" <<'PY'
+python3 - "$dir" "$rounds" "$(getconf CLK_TCK)" "$control" "${workloads[@]}" <<'PY'
 import json, statistics as st, sys
-d, rounds, tck, workloads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+d, rounds, tck, control, workloads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5:]
+cow = "hole2 (A/A control)" if control else "COW"
 def mbs(p):
     return json.load(open(p))["jobs"][0]["write"]["bw_bytes"] / 1e6
 def cpu_per_gb(p):
@@ -88,9 +93,9 @@ for w in workloads:
     cc = [cpu_per_gb(f"{d}/{w}-cow-{r}.json") for r in range(1, rounds + 1)]
     hc = [cpu_per_gb(f"{d}/{w}-holes-{r}.json") for r in range(1, rounds + 1)]
     ratios = [a / b for a, b in zip(c, h)]
-    print(f"{w}: COW {' '.join(f'{x:.0f}' for x in c)} MB/s | holes {' '.join(f'{x:.0f}' for x in h)} MB/s | "
+    print(f"{w}: {cow} {' '.join(f'{x:.0f}' for x in c)} MB/s | holes {' '.join(f'{x:.0f}' for x in h)} MB/s | "
           f"ratio {' '.join(f'{x:.2f}' for x in ratios)}")
-    print(f"{w}: daemon CPU s/GB COW {' '.join(f'{x:.2f}' for x in cc)} | holes {' '.join(f'{x:.2f}' for x in hc)}")
-    print(f"{w}: COW median {st.median(c):.0f}, holes median {st.median(h):.0f}, "
-          f"per-round ratio COW/holes median {st.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+    print(f"{w}: daemon CPU s/GB {cow} {' '.join(f'{x:.2f}' for x in cc)} | holes {' '.join(f'{x:.2f}' for x in hc)}")
+    print(f"{w}: {cow} median {st.median(c):.0f}, holes median {st.median(h):.0f}, "
+          f"per-round ratio {cow}/holes median {st.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
 PY

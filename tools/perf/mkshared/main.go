@@ -1,15 +1,19 @@
 // Command mkshared makes the store tools/perf/cow.sh measures, through the
 // image API (no mount): src.raw, GIB GiB written in full with a pattern,
 // src-snap, a snapshot of it (so every block of src.raw is shared, and each
-// first write to src.raw is a copy-on-write), and hole.raw, GIB GiB of
-// holes. The store file is new, 3×GIB+1 GiB, sparse.
+// first write to src.raw is a copy-on-write), and hole.raw and hole2.raw,
+// GIB GiB of holes each (hole2.raw is for cow.sh's A/A control). The store
+// file is new, 4×GIB+1 GiB, sparse.
 //
-//	mkshared [-gib N] STORE     make it (STORE must not exist)
-//	mkshared -check STORE       after a run, offline: Check must be clean,
-//	                            src-snap must still hold the pattern, and
-//	                            every disk must be fully mapped and none
-//	                            shared any more (src.raw's every block was
-//	                            copied on write)
+//	mkshared [-gib N] STORE       make it (STORE must not exist)
+//	mkshared -check STORE         after a run, offline: Check must be clean,
+//	                              src-snap must still hold the pattern, and
+//	                              src.raw and hole.raw must be fully mapped,
+//	                              nothing shared any more (src.raw's every
+//	                              block was copied on write)
+//	mkshared -check -control STORE  the same after an A/A control run:
+//	                              hole.raw and hole2.raw fully mapped,
+//	                              src.raw untouched (all of it shared)
 package main
 
 import (
@@ -36,8 +40,9 @@ const (
 func main() {
 	gib := flag.Int64("gib", 2, "size of src.raw and hole.raw in GiB")
 	check := flag.Bool("check", false, "check a store after a run instead of making one")
+	control := flag.Bool("control", false, "with -check: after an A/A control run (hole2.raw written, src.raw not)")
 	flag.Usage = func() {
-		fmt.Fprintln(flag.CommandLine.Output(), "usage: mkshared [-gib N] STORE | mkshared -check STORE")
+		fmt.Fprintln(flag.CommandLine.Output(), "usage: mkshared [-gib N] STORE | mkshared -check [-control] STORE")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -47,7 +52,7 @@ func main() {
 	}
 	var err error
 	if *check {
-		err = checkStore(flag.Arg(0))
+		err = checkStore(flag.Arg(0), *control)
 	} else {
 		err = makeStore(flag.Arg(0), *gib<<30)
 	}
@@ -75,7 +80,7 @@ func makeStore(path string, size int64) error {
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("%s exists; mkshared makes a new store", path)
 	}
-	if err := image.FormatPath(path, 3*size+1<<30, image.FormatOptions{}); err != nil {
+	if err := image.FormatPath(path, 4*size+1<<30, image.FormatOptions{}); err != nil {
 		return err
 	}
 	s, err := image.OpenPath(path, image.Options{CommitInterval: -1, Logger: quiet()})
@@ -96,14 +101,16 @@ func makeStore(path string, size int64) error {
 		s.Close()
 		return err
 	}
-	if _, err := s.Create("hole.raw", size, image.Attr{Mode: 0o644}); err != nil {
-		s.Close()
-		return err
+	for _, name := range []string{"hole.raw", "hole2.raw"} {
+		if _, err := s.Create(name, size, image.Attr{Mode: 0o644}); err != nil {
+			s.Close()
+			return err
+		}
 	}
 	if err := s.Close(); err != nil {
 		return err
 	}
-	fmt.Printf("mkshared: %s: src.raw %d GiB written in %v, snapshot src-snap, hole.raw %d GiB of holes\n",
+	fmt.Printf("mkshared: %s: src.raw %d GiB written in %v, snapshot src-snap, hole.raw and hole2.raw %d GiB of holes\n",
 		path, size>>30, wrote.Round(time.Millisecond), size>>30)
 	return nil
 }
@@ -145,7 +152,7 @@ func fill(s *image.Store, size int64) error {
 	return errors.Join(errs...)
 }
 
-func checkStore(path string) error {
+func checkStore(path string, control bool) error {
 	s, err := image.OpenPath(path, image.Options{CommitInterval: -1, ReadOnly: true, Logger: quiet()})
 	if err != nil {
 		return err
@@ -154,18 +161,26 @@ func checkStore(path string) error {
 	if rep := s.Check(); !rep.Clean() {
 		return fmt.Errorf("check: %d finding(s), first: %s", len(rep.Findings), rep.Findings[0])
 	}
+	written, untouched := []string{"src.raw", "hole.raw"}, "hole2.raw"
+	if control {
+		written, untouched = []string{"hole2.raw", "hole.raw"}, "src.raw"
+	}
 	extents := map[string]int{}
-	for _, name := range []string{"src.raw", "hole.raw", "src-snap"} {
+	for _, name := range append(written, untouched) {
 		info, err := s.Stat(name)
 		if err != nil {
 			return err
 		}
 		extents[name] = info.Extents
-		if info.Allocated != info.Size {
-			return fmt.Errorf("%s: %d of %d bytes mapped: the run did not write all of it", info.Name, info.Allocated, info.Size)
+		wantMapped, wantShared := info.Size, int64(0)
+		switch {
+		case name == untouched && name == "src.raw":
+			wantShared = info.Size // still all shared with src-snap
+		case name == untouched:
+			wantMapped = 0
 		}
-		if info.Shared != 0 {
-			return fmt.Errorf("%s: %d bytes still shared: every block should have been copied on write", info.Name, info.Shared)
+		if info.Allocated != wantMapped || info.Shared != wantShared {
+			return fmt.Errorf("%s: %d of %d bytes mapped, %d shared; want %d mapped, %d shared", info.Name, info.Allocated, info.Size, info.Shared, wantMapped, wantShared)
 		}
 	}
 	// The snapshot still holds the pattern: one 4 KiB block per MiB.
@@ -185,7 +200,7 @@ func checkStore(path string) error {
 			return fmt.Errorf("src-snap: the 4 KiB at %d lost the pattern", at)
 		}
 	}
-	fmt.Printf("mkshared: %s: clean; src.raw (%d extents) and hole.raw (%d) fully written, nothing shared any more, src-snap intact\n",
-		path, extents["src.raw"], extents["hole.raw"])
+	fmt.Printf("mkshared: %s: clean; %s (%d extents) and %s (%d) fully written, %s untouched, src-snap intact\n",
+		path, written[0], extents[written[0]], written[1], extents[written[1]], untouched)
 	return nil
 }
