@@ -178,7 +178,7 @@ func storeMounted(pid int, path string) (bool, error) {
 		return false, err
 	}
 	for _, m := range ms {
-		if isVdiskMount(m) && sameFile(m.source, path) {
+		if isVdiskMount(m) && backend.SameStore(m.source, path) {
 			return true, nil
 		}
 	}
