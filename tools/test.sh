@@ -3,8 +3,8 @@
 # It installs what the tests need, then: gofmt, go vet, staticcheck, the race
 # detector over every package with concurrency (-short sizes), the full suite
 # without it, the build with the Ceph RBD backend (tag rbd) and its tests on
-# a one-node cluster (tools/ceph/cluster.sh, stopped however the run ends),
-# and a last look for mounts or loop devices left behind.
+# a one-node cluster (tools/test-rbd.sh), and a last look for mounts or loop
+# devices left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,31 +85,10 @@ go test -race -short -count=1 ./...
 log "go test (full sizes)"
 go test -count=1 -timeout 30m ./...
 
-# Stores on Ceph RBD (build tag rbd): the tagged build is vetted and
-# checked like the default one, then its tests run against a one-node
-# cluster started here (it installs the Ceph packages when missing) and
-# stopped by the trap, whatever happens. CI=true makes every RBD test fail
-# rather than skip if the cluster is not there.
-log "RBD: vet, staticcheck and build with -tags rbd"
-go vet -tags rbd ./...
-"$(go env GOPATH)/bin/staticcheck" -tags rbd ./... 2>/dev/null || staticcheck -tags rbd ./...
-go build -tags rbd -o /dev/null ./cmd/vdisk
-log "RBD: a one-node Ceph cluster (tools/ceph/cluster.sh)"
-ceph_dir=$run_tmp/ceph
-stop_ceph() { tools/ceph/cluster.sh stop "$ceph_dir" || true; }
-trap stop_ceph EXIT
-rbd_start=$SECONDS
-eval "$(tools/ceph/cluster.sh start "$ceph_dir")"
-echo "cluster up in $((SECONDS - rbd_start)) s"
-log "RBD: the backend (with -race), the CLI and the end-to-end tests of rbd: stores"
-go test -race -tags rbd -count=1 -run 'RBD' ./image/backend
-go test -tags rbd -count=1 -timeout 15m -run 'RBD' ./cmd/vdisk ./tests/e2e
-log "RBD: the fs suite's core cases on RBD images"
-VDISKFS_TEST_RBD=1 go test -tags rbd -count=1 -timeout 15m \
-	-run '^(TestCpSparse|TestFallocate|TestSeekDataHole|TestFsyncDurable|TestConcurrentWriters|TestNoENOSYS)$' ./fs
-stop_ceph
-trap - EXIT
-echo "RBD stage: $((SECONDS - rbd_start)) s with the cluster"
+# Stores on Ceph RBD (build tag rbd), against a one-node cluster that
+# tools/test-rbd.sh starts and stops.
+log "RBD (tools/test-rbd.sh)"
+tools/test-rbd.sh
 
 log "nothing left behind"
 if [ -n "$(list_mounts)" ]; then

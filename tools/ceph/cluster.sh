@@ -9,6 +9,9 @@
 #                                       and remove DIR
 #   tools/ceph/cluster.sh status [DIR]  the PIDs and `ceph -s`
 #   tools/ceph/cluster.sh env [DIR]     print `export CEPH_CONF=DIR/ceph.conf`
+#   tools/ceph/cluster.sh install       only install what is missing: the
+#                                       daemons, the CLI, librbd-dev and
+#                                       librados-dev (to build with -tags rbd)
 #
 # DIR (default $VDISK_CEPH_DIR, else /tmp/vdiskfs-ceph) holds ceph.conf, the
 # mon's store, logs, admin sockets and one PID file per daemon; nothing else
@@ -218,5 +221,6 @@ start) start ;;
 stop) stop ;;
 status) status ;;
 env) echo "export CEPH_CONF=$dir/ceph.conf" ;;
-*) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+install) need_packages ;;
+*) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0" >&2; exit 2 ;;
 esac
