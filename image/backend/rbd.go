@@ -408,10 +408,10 @@ func (r *RBD) Flush() error {
 // rbd_discard_granularity_bytes: what the range reads afterwards is
 // unspecified, as the contract allows.
 func (r *RBD) Discard(off, n int64) error {
-	if n == 0 {
-		return r.with(off, n, nil, true, func(*rbd.Image) error { return nil })
-	}
 	err := r.with(off, n, nil, true, func(img *rbd.Image) error {
+		if n == 0 {
+			return nil
+		}
 		_, err := img.Discard(uint64(off), uint64(n))
 		return rbdErrnoFenced(rbdErrno(err))
 	})
