@@ -13,11 +13,14 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
-// These tests need a Ceph cluster: CEPH_CONF names its configuration
-// (tools/ceph/cluster.sh start prints it), VDISKFS_TEST_RBD_POOL the pool
-// (default rbd). Without one they skip, and in CI (CI=true) they fail.
+// These tests need a Ceph cluster (testutil.RequireCeph): CEPH_CONF names
+// its configuration (tools/ceph/cluster.sh start prints it),
+// VDISKFS_TEST_RBD_POOL the pool (default rbd). Without one they skip, and
+// in CI (CI=true) they fail.
 
 var rbdImageSeq atomic.Int64
 
@@ -25,16 +28,7 @@ var rbdImageSeq atomic.Int64
 // store name; cleanup removes it.
 func newRBDImage(t *testing.T, size int64) string {
 	t.Helper()
-	pool := os.Getenv("VDISKFS_TEST_RBD_POOL")
-	if pool == "" {
-		pool = "rbd"
-	}
-	if os.Getenv("CEPH_CONF") == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CEPH_CONF is not set: CI must run the RBD tests against a cluster (tools/ceph/cluster.sh start)")
-		}
-		t.Skip("no Ceph cluster: set CEPH_CONF (eval \"$(tools/ceph/cluster.sh start)\")")
-	}
+	pool := testutil.RequireCeph(t)
 	name := fmt.Sprintf("rbd:%s/backend-%s-%d-%d", pool, strings.ReplaceAll(t.Name(), "/", "-"), os.Getpid(), rbdImageSeq.Add(1))
 	if err := Create(name, size); err != nil {
 		t.Fatalf("create %s (is the cluster of CEPH_CONF=%s up?): %v", name, os.Getenv("CEPH_CONF"), err)
