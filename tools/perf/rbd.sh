@@ -57,16 +57,13 @@ vd_args=(--filename="$mnt/bench.raw" --ioengine=libaio --direct=1)
 CEPH_CONF=$dir/fio.conf fio --name=layout "${raw_args[@]}" --size=2G --rw=write --bs=1M --iodepth=16 >/dev/null
 fio --name=layout "${vd_args[@]}" --size=2G --rw=write --bs=1M --iodepth=16 --end_fsync=1 >/dev/null
 
-read -r -a workloads <<<"${WORKLOADS:-seqwrite-1m-qd16 seqread-1m-qd16 randread-4k-qd32 randwrite-4k-qd32}"
+. tools/perf/workloads.sh
+read -r -a workloads <<<"${WORKLOADS:-$default_workloads}"
 run() { # run SIDE WORKLOAD OUT
-	local rw bs qd
-	case $2 in
-	seqwrite-1m-qd16) rw=write bs=1M qd=16 ;;
-	seqread-1m-qd16) rw=read bs=1M qd=16 ;;
-	randread-4k-qd32) rw=randread bs=4k qd=32 ;;
-	randwrite-4k-qd32) rw=randwrite bs=4k qd=32 ;;
-	esac
-	local common=(--name=w --size=2G --rw="$rw" --bs="$bs" --iodepth="$qd" --time_based --runtime="$secs" --ramp_time=2 --output-format=json)
+	local args
+	args=$(workload_args "$2")
+	# shellcheck disable=SC2086 # args is several options
+	local common=(--name=w --size=2G $args --time_based --runtime="$secs" --ramp_time=2 --output-format=json)
 	if [ "$1" = raw ]; then
 		CEPH_CONF=$dir/fio.conf fio "${raw_args[@]}" "${common[@]}" >"$3"
 	else
