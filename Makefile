@@ -1,12 +1,15 @@
 # The two commands of the README.
 #   make run    mounts the default store (created on first use) at $(MNT)
 #   make test   runs the whole test suite (what CI runs)
+# TAGS=rbd builds in the Ceph RBD backend (rbd:POOL/IMAGE stores; needs
+# librbd-dev and librados-dev): make build TAGS=rbd.
 # For operators and packagers:
 #   make install [PREFIX=/usr/local] [DESTDIR=]   binary, man pages, completion, systemd unit, contrib files
 #   make deb                                      build/vdiskfs_VERSION_ARCH.deb (nfpm)
 #   make docs                                     man pages and completion into $(BUILD)/docs
 
 MNT ?= /mnt/vdisks
+TAGS ?=
 PREFIX ?= /usr/local
 DESTDIR ?=
 # Generated files (man pages, completion, package staging, the .deb): ignored by git.
@@ -32,7 +35,7 @@ DEB_ROOT = $(abspath $(BUILD))/deb/root
 .PHONY: run test build docs install deb clean
 
 build:
-	go build -ldflags '$(LDFLAGS)' -o bin/vdisk ./cmd/vdisk
+	go build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o bin/vdisk ./cmd/vdisk
 
 run: build
 	bin/vdisk mount $(MNT)

@@ -3,6 +3,7 @@ module github.com/vdiskfs/vdiskfs
 go 1.26.8
 
 require (
+	github.com/ceph/go-ceph v0.28.0
 	github.com/google/btree v1.1.3
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/moby/sys/mountinfo v0.7.2

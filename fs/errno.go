@@ -6,17 +6,20 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
 // errnoOf maps an error from package image to the errno the kernel gets.
 // The order matters: a failed or closed store is EIO whatever it wraps, and
+// so is a backing another client took over (an RBD image whose lock was
+// broken: EROFS or ESHUTDOWN from librbd mean nothing to a disk's user), and
 // the image sentinels win over a backend errno they may carry.
 func errnoOf(err error) syscall.Errno {
 	var errno syscall.Errno
 	switch {
 	case err == nil:
 		return 0
-	case errors.Is(err, image.ErrFailed), errors.Is(err, image.ErrClosed):
+	case errors.Is(err, image.ErrFailed), errors.Is(err, image.ErrClosed), errors.Is(err, backend.ErrFenced):
 		return syscall.EIO
 	case errors.Is(err, image.ErrNoSpace):
 		return syscall.ENOSPC

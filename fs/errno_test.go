@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
 func TestErrnoOf(t *testing.T) {
@@ -35,6 +36,8 @@ func TestErrnoOf(t *testing.T) {
 		{wrap(image.ErrCorrupt), syscall.EIO},
 		{wrap(fmt.Errorf("%w: %w", image.ErrFailed, syscall.ENOSPC)), syscall.EIO}, // failed wins
 		{wrap(syscall.EIO), syscall.EIO},
+		{wrap(fmt.Errorf("%w: %w", backend.ErrFenced, syscall.EROFS)), syscall.EIO}, // not a read-only disk
+		{wrap(fmt.Errorf("%w: %w", backend.ErrFenced, syscall.ESHUTDOWN)), syscall.EIO},
 		{wrap(&wrappedErrno{syscall.ENODEV}), syscall.ENODEV},
 		{wrap(syscall.Errno(0)), syscall.EIO},
 		{errors.New("something else"), syscall.EIO},

@@ -106,8 +106,9 @@ var testLogger = func() *logrus.Logger {
 	return l
 }()
 
-// newTestCase formats a 4 GiB sparse store in t.TempDir(), opens it and
-// mounts it. Cleanup unmounts (also when the test failed), checks the
+// newTestCase formats a 4 GiB sparse store in t.TempDir() (or, in a build
+// with the rbd tag and VDISKFS_TEST_RBD set, on a new RBD image), opens it
+// and mounts it. Cleanup unmounts (also when the test failed), checks the
 // store, closes it, reopens it and checks it again; any finding fails the
 // test and the store file is kept for inspection.
 func newTestCase(t testing.TB, opts ...tcOption) *testCase {
@@ -123,6 +124,11 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 	}
 	for _, o := range opts {
 		o(tc)
+	}
+	if tc.memBE == nil {
+		if name := rbdTestStore(t); name != "" {
+			tc.storePath = name // VDISKFS_TEST_RBD: the suite on an RBD image
+		}
 	}
 	tc.storeOpts.Program = "fs test"
 	if tc.storeOpts.Logger == nil {
@@ -293,6 +299,19 @@ func (tc *testCase) closeStore() {
 	if err != nil {
 		tc.t.Fatalf("close store: %v", err)
 	}
+}
+
+// crashCopy copies the store's backing as it is now, with the store still
+// open: what a kill -9 of the daemon would leave. It returns the copy's
+// store name.
+func (tc *testCase) crashCopy() string {
+	tc.t.Helper()
+	if backend.IsRBD(tc.storePath) {
+		return rbdCrashCopy(tc.t, tc.storePath)
+	}
+	crash := filepath.Join(tc.dir, "crash.img")
+	run(tc.t, "cp", "--sparse=always", tc.storePath, crash)
+	return crash
 }
 
 // path is the mount path of disk name.

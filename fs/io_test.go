@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -210,8 +209,7 @@ func TestFsyncDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	crash := filepath.Join(tc.dir, "crash.img")
-	run(t, "cp", "--sparse=always", tc.storePath, crash)
+	crash := tc.crashCopy()
 	s, err := image.OpenPath(crash, image.Options{CommitInterval: -1, Logger: testLogger})
 	if err != nil {
 		t.Fatalf("open the crash copy: %v", err)

@@ -191,15 +191,16 @@ func Format(be backend.Backend, fo FormatOptions) error {
 	return nil
 }
 
-// FormatPath formats the store at path, creating a sparse file of size bytes
-// when nothing exists there (size is ignored for an existing file or device).
+// FormatPath formats the store at path, creating its backing of size bytes
+// when nothing exists there: a sparse file, or an RBD image for an RBD store
+// name (size is ignored for an existing file, device or image).
 func FormatPath(path string, size int64, fo FormatOptions) error {
 	created := false
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+	if _, err := backend.Stat(path); errors.Is(err, os.ErrNotExist) {
 		if size <= 0 {
-			return fmt.Errorf("format %s: the file does not exist and no size was given: %w", path, ErrInvalid)
+			return fmt.Errorf("format %s: it does not exist and no size was given: %w", path, ErrInvalid)
 		}
-		if err := backend.CreateFile(path, size); err != nil {
+		if err := backend.Create(path, size); err != nil {
 			return fmt.Errorf("format %s: %w", path, err)
 		}
 		created = true
@@ -214,19 +215,25 @@ func FormatPath(path string, size int64, fo FormatOptions) error {
 	if err := Format(be, fo); err != nil {
 		be.Close()
 		if created {
-			os.Remove(path)
+			backend.Remove(path)
 		}
 		return fmt.Errorf("format %s: %w", path, err)
 	}
 	return be.Close()
 }
 
+// LockHolder names the client the store holds its backing's lock as, for a
+// backing whose lock names its holders (an RBD image: "client.4133 at
+// 127.0.0.1:0/495665570"); "" for a file or device.
+func (s *Store) LockHolder() string { return backend.LockHolder(s.be) }
+
 // IOEngine reports how the store's backend issues data reads (see
 // backend.EngineOf): io_uring or pread, and why not io_uring when the
 // default fell back to pread.
 func (s *Store) IOEngine() (backend.Engine, string) { return backend.EngineOf(s.be) }
 
-// OpenPath opens the store at path (a file or block device) with its lock.
+// OpenPath opens the store at path (a file, a block device or an RBD store
+// name) with its lock.
 // When the lock is held by an owner on this host that no longer exists, it
 // waits up to lockWait for the kernel to release it.
 func OpenPath(path string, opts Options) (*Store, error) {
@@ -318,9 +325,17 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store is truncated: the backing has %d bytes, the superblock says %d: %w", size, sb.StoreSize, ErrCorrupt)
 	}
 	host, _ := os.Hostname()
-	if sb.State == stateOpen && sb.Host != host && !opts.Force && !opts.ReadOnly {
+	// A backing whose lock fences other hosts (RBD's exclusive lock) was
+	// granted only once the previous owner could no longer write: its
+	// owner record is history, not a claim.
+	fenced := backend.FencesOtherHosts(be)
+	if sb.State == stateOpen && sb.Host != host && !opts.Force && !opts.ReadOnly && !fenced {
 		return nil, fmt.Errorf("store was opened by %s (pid %d) on host %q and not closed; fence that host, then open with --force: %w",
 			orUnknown(sb.Program), sb.OwnerPID, sb.Host, ErrOwned)
+	}
+	if sb.State == stateOpen && sb.Host != host && fenced {
+		opts.Logger.WithFields(logrus.Fields{"backing": be.Describe(), "owner_host": sb.Host, "owner_pid": sb.OwnerPID,
+			"owner_program": sb.Program}).Warn("taking over a store another host did not close; the backing's lock fenced that host")
 	}
 	s := &Store{
 		be:           be,

@@ -2,7 +2,9 @@
 # The whole test suite, as CI runs it (.ci/run calls this through `make test`).
 # It installs what the tests need, then: gofmt, go vet, staticcheck, the race
 # detector over every package with concurrency (-short sizes), the full suite
-# without it, and a last look for mounts or loop devices left behind.
+# without it, the build with the Ceph RBD backend (tag rbd) and its tests on
+# a one-node cluster (tools/test-rbd.sh), and a last look for mounts or loop
+# devices left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,6 +84,11 @@ go test -race -short -count=1 ./...
 
 log "go test (full sizes)"
 go test -count=1 -timeout 30m ./...
+
+# Stores on Ceph RBD (build tag rbd), against a one-node cluster that
+# tools/test-rbd.sh starts and stops.
+log "RBD (tools/test-rbd.sh)"
+tools/test-rbd.sh
 
 log "nothing left behind"
 if [ -n "$(list_mounts)" ]; then

@@ -15,22 +15,30 @@ func newFormatCmd(e *env) *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "format STORE",
-		Short: "Create an empty store on a file or block device",
-		Long: `Format writes an empty store over STORE, a regular file or a block device.
-When STORE does not exist, a sparse file of --size bytes is created.
+		Short: "Create an empty store on a file, block device or RBD image",
+		Long: `Format writes an empty store over STORE, a regular file, a block device or a
+Ceph RBD image. When STORE does not exist, a sparse file of --size bytes is
+created, or an RBD image of --size bytes for rbd:POOL/IMAGE.
+
+An RBD store is named rbd:POOL/IMAGE (or rbd:POOL/NAMESPACE/IMAGE), in
+QEMU's syntax: suffixes :id=USER, :conf=FILE and :OPTION=VALUE set the Ceph
+client, its configuration file and any Ceph option; --ceph-user (--id) and
+--ceph-conf do the same, and without them CEPH_CONF and CEPH_ARGS apply as
+for the rbd command. Every command that takes STORE takes these names.
 
 Format refuses to overwrite an existing store (or what looks like a damaged
 one) unless --force is given, and always refuses a store that another
 process has open.`,
 		Example: `  vdisk format /srv/vdisks.img --size 100G
-  vdisk format /dev/nvme0n1 --block-size 64K`,
+  vdisk format /dev/nvme0n1 --block-size 64K
+  vdisk format rbd:rbd/vdisks --size 1T --id vdisk`,
 		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runFormat(e, args[0], size, blockSize, journalSize, force)
 		},
 	}
 	f := cmd.Flags()
-	f.Var(&size, "size", "size of the new file (required when STORE does not exist)")
+	f.Var(&size, "size", "size of the new file or RBD image (required when STORE does not exist)")
 	f.Var(&blockSize, "block-size", "allocation unit: a power of two from 4K to 1M (default 4K)")
 	f.Var(&journalSize, "journal-size", "journal size (default 1/64 of the store, from 1M to 64M)")
 	f.BoolVarP(&force, "force", "f", false, "overwrite an existing store, losing every disk on it")
@@ -38,7 +46,7 @@ process has open.`,
 }
 
 func runFormat(e *env, path string, size, blockSize, journalSize sizeValue, force bool) error {
-	st, err := os.Stat(path)
+	info, err := backend.Stat(path)
 	creating := errors.Is(err, os.ErrNotExist)
 	switch {
 	case creating:
@@ -52,11 +60,11 @@ func runFormat(e *env, path string, size, blockSize, journalSize sizeValue, forc
 		return err
 	default:
 		if size.set {
-			if !st.Mode().IsRegular() {
-				return fmt.Errorf("%s is not a regular file: --size applies only when creating a new file", path)
+			if info.Kind == backend.KindDevice {
+				return fmt.Errorf("%s is a %s: --size applies only when creating a new file or RBD image", path, info.Kind)
 			}
-			if st.Size() != size.n {
-				return fmt.Errorf("%s already exists with %d bytes: --size applies only when creating a new file (resize or remove it first)", path, st.Size())
+			if info.Size != size.n {
+				return fmt.Errorf("%s already exists with %d bytes: --size applies only when creating a new %s (resize or remove it first)", path, info.Size, info.Kind)
 			}
 		}
 		if err := checkFormattable(e, path, force); err != nil {
@@ -73,7 +81,7 @@ func runFormat(e *env, path string, size, blockSize, journalSize sizeValue, forc
 	fo := image.FormatOptions{BlockSize: bs, JournalSize: journalSize.n}
 	if err := image.FormatPath(path, size.n, fo); err != nil {
 		if creating {
-			os.Remove(path) // do not leave a half-made store behind
+			backend.Remove(path) // do not leave a half-made store behind
 		}
 		return err
 	}

@@ -37,6 +37,7 @@ type mountFlags struct {
 	ioEngine       string
 	fuseTransport  string
 	metricsAddr    string
+	breakLock      bool
 	options        []string // -o, mount(8)-style (mountopts.go)
 }
 
@@ -104,7 +105,15 @@ mount.fuse3 ("mount -t fuse.vdisk STORE MOUNTPOINT -o OPTIONS" runs
 commit_interval=DURATION, metrics=ADDR, log_file=PATH, log_level=LEVEL,
 log_format=text|json, fuse_transport=T and io_engine=E set the flags of the
 same name; nofail, _netdev, noauto, x-systemd.* and the other generic
-options are accepted and left to mount(8) and systemd; ro is refused.`,
+options are accepted and left to mount(8) and systemd; ro is refused.
+
+STORE may be a Ceph RBD image, rbd:POOL/IMAGE (see vdisk format). Its
+exclusive lock makes sure one client at a time mounts it, on any host:
+while one holds it, a second mount fails naming the holder. A holder that
+died lets go once the cluster notices (osd_client_watch_timeout, 30 s by
+default). --break-lock takes the store over at once from a holder that is
+dead or must be stopped: the cluster first blocklists the holder, so that
+it can never write to the image again, then its lock is broken.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			store, mnt := "", args[0]
@@ -130,6 +139,7 @@ options are accepted and left to mount(8) and systemd; ro is refused.`,
 	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data reads are issued: io_uring, pread, or auto (io_uring when the kernel allows it); writes are pwrite")
 	fl.StringVar(&f.fuseTransport, "fuse-transport", "auto", "how FUSE requests reach vdiskfs: io_uring (FUSE-over-io_uring; turns on the fuse module's enable_uring), dev (/dev/fuse), or auto (io_uring when enabled)")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
+	fl.BoolVar(&f.breakLock, "break-lock", false, "for an rbd: store: blocklist the client holding the image's exclusive lock and take the lock over")
 	fl.StringArrayVarP(&f.options, "options", "o", nil, "mount(8)-style options, comma-separated (allow_other,commit_interval=5s,metrics=ADDR,...)")
 	return cmd
 }
@@ -140,6 +150,9 @@ func runMount(e *env, store, mnt string, f mountFlags) error {
 	}
 	if _, err := fs.ParseTransport(f.fuseTransport); err != nil {
 		return usageErrorf("--fuse-transport: %v", err)
+	}
+	if f.breakLock && !backend.IsRBD(store) {
+		return usageErrorf("--break-lock applies to an rbd:POOL/IMAGE store only: a file's or a device's lock goes away with the process holding it")
 	}
 	mnt, err := filepath.Abs(mnt)
 	if err != nil {
@@ -152,8 +165,10 @@ func runMount(e *env, store, mnt string, f mountFlags) error {
 	}
 	// Absolute: the daemon names it as the mount's source, which vdisk
 	// umount and the wait for a closing daemon (holder.go) look up.
-	if store, err = filepath.Abs(store); err != nil {
-		return err
+	if !backend.IsRBD(store) {
+		if store, err = filepath.Abs(store); err != nil {
+			return err
+		}
 	}
 	if err := e.waitClosed(store); err != nil {
 		return err
@@ -179,6 +194,11 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return usageErrorf("--fuse-transport: %v", err)
 	}
 	engine = fs.StoreEngine(transport, engine)
+	if f.breakLock {
+		if err := breakLock(e, store); err != nil {
+			return err
+		}
+	}
 	s, err := e.openPath(store, image.Options{Logger: e.log, Program: mountProgram, CommitInterval: f.commitInterval, IOEngine: engine})
 	if err != nil {
 		return err
@@ -216,6 +236,9 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	if why != "" {
 		fields["io_uring_unavailable"] = why
 	}
+	if h := s.LockHolder(); h != "" {
+		fields["lock_holder"] = h
+	}
 	e.log.WithFields(fields).Info("serving")
 	signalReady(e, f.readyFD)
 
@@ -235,6 +258,22 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return fmt.Errorf("close store %s: %w", store, cerr)
 	}
 	e.log.Info("store closed cleanly")
+	return nil
+}
+
+// breakLock takes the exclusive lock of the RBD store from its holder, who
+// the cluster blocklists first (backend.BreakLock), and logs whom it broke.
+func breakLock(e *env, store string) error {
+	broken, err := backend.BreakLock(store)
+	if err != nil {
+		return fmt.Errorf("--break-lock: %w", err)
+	}
+	if len(broken) == 0 {
+		e.log.WithField("store", store).Info("--break-lock: no client held the lock")
+	}
+	for _, h := range broken {
+		e.log.WithFields(logrus.Fields{"store": store, "holder": h}).Warn("blocklisted the holder of the store's lock and broke its lock")
+	}
 	return nil
 }
 
@@ -343,6 +382,9 @@ func daemonize(e *env, store, mnt string, f mountFlags) error {
 	}
 	if f.metricsAddr != "" {
 		args = append(args, "--metrics", f.metricsAddr)
+	}
+	if f.breakLock {
+		args = append(args, "--break-lock")
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -195,7 +195,7 @@ func storeMountpoint(pid int, path string) (string, bool, error) {
 		return "", false, err
 	}
 	for _, m := range ms {
-		if isVdiskMount(m) && sameFile(m.source, path) {
+		if isVdiskMount(m) && backend.SameStore(m.source, path) {
 			return m.mountpoint, true, nil
 		}
 	}

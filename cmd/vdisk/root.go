@@ -27,6 +27,8 @@ type env struct {
 	// closeWait bounds the wait for a mount daemon that was unmounted and
 	// is still closing the store (see holder.go).
 	closeWait time.Duration
+	// ceph is --ceph-conf and --ceph-user of the command that runs (ceph.go).
+	ceph cephFlags
 }
 
 func newEnv(stdout, stderr io.Writer, isTerminal bool) *env {
@@ -134,6 +136,11 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newVersionCmd(e),
 		newGendocsCmd(e),
 	)
+	for _, c := range root.Commands() {
+		if storeCommands[c.Name()] {
+			addStoreFlags(e, c)
+		}
+	}
 	markStart(e, root)
 	return root
 }

@@ -69,13 +69,19 @@ type OpenOptions struct {
 // Open opens the regular file or block device at path for O_DIRECT I/O and
 // locks it: flock(LOCK_EX|LOCK_NB), or LOCK_SH with opts.ReadOnly. A block
 // device opened read-write is also opened with O_EXCL, so the kernel refuses it
-// while it is mounted or claimed by another exclusive opener.
+// while it is mounted or claimed by another exclusive opener. A path that is
+// an RBD store name (rbd:POOL/IMAGE, see RBDName) opens the RBD image
+// instead, taking its exclusive lock (see the package documentation, "RBD");
+// in a build without the rbd tag that fails with ErrUnsupported.
 //
 // Errors: a missing path wraps os.ErrNotExist; a held lock or a busy device
 // wraps ErrLocked; a file on a file system without real O_DIRECT (ramfs,
 // tmpfs) wraps ErrNoDirectIO;
 // a directory or any other file type is refused with a message naming it.
 func Open(path string, opts OpenOptions) (Backend, error) {
+	if IsRBD(path) {
+		return openRBD(path, opts)
+	}
 	// Look before opening: opening a FIFO would block, and a directory or a
 	// character device deserves a clearer message than the errno open gives.
 	var st unix.Stat_t
@@ -187,7 +193,7 @@ func ParseEngine(s string) (Engine, error) {
 
 // EngineOf reports the engine b issues data reads with: io_uring or pread
 // for File and Device (with, for pread chosen by EngineAuto, why io_uring
-// was not used), "" for the test backends.
+// was not used), librbd for RBD, "" for the test backends.
 func EngineOf(b Backend) (e Engine, note string) {
 	var d *direct
 	switch b := b.(type) {
@@ -196,6 +202,9 @@ func EngineOf(b Backend) (e Engine, note string) {
 	case *Device:
 		d = &b.direct
 	default:
+		if e, ok := b.(interface{ engine() Engine }); ok {
+			return e.engine(), ""
+		}
 		return "", ""
 	}
 	return d.engine, d.engineNote

@@ -108,6 +108,44 @@
 // for a store. Kernel errors keep their errno reachable through the wrapping:
 // errors.Is(err, syscall.EIO) and errors.Is(err, syscall.ENOSPC) work.
 //
+// # RBD
+//
+// RBD (build tag rbd; see rbd_stub.go for what other builds say) is a
+// Backend on a Ceph RBD image through librbd (github.com/ceph/go-ceph
+// v0.28.0, Ceph Pacific and later), opened by Open with an RBD store name,
+// rbd:POOL/IMAGE[:id=USER][:conf=FILE][:OPTION=VALUE...] (RBDName; QEMU's
+// syntax). ReadAt, WriteAt, Flush (rbd_flush), Discard (rbd_discard) and
+// WriteZeroes (a write-same of zeros, which librbd makes a discard without
+// granularity, so the whole range reads zeros) are synchronous librbd
+// calls on the caller's thread; librbd is thread-safe, so they run in
+// parallel at any depth, each holding an OS thread in cgo. librbd's cache
+// is turned off unless the name sets rbd_cache: a completed write is then
+// on every replica, WriteAtDurable is WriteAt, and Flush has nothing to
+// wait for. Size is the image's at open; SectorSize is 512 (librbd takes
+// any byte range; the checks are O_DIRECT's anyway, so a store issues the
+// same I/O on every backend). go-ceph reports every failed write as EPERM
+// with the real -errno in the count; the backend decodes it, and EROFS
+// (another client holds the lock now) and ESHUTDOWN (this client was
+// blocklisted) wrap ErrFenced.
+//
+// RBD is not a Submitter: it has no descriptor for a caller's io_uring,
+// and every I/O waits for the network, so there is no Do that does not
+// block. A FUSE-over-io_uring queue thread declines its requests, and the
+// workers serve them with ReadAt and WriteAt.
+//
+// Fencing is the image's exclusive lock, not flock. A read-write Open
+// takes it with rbd_lock_acquire in exclusive mode, after which librbd
+// never passes it to another client on request: a second opener, on any
+// host, gets ErrLocked naming the holder (client.N, address, cookie). A
+// holder that dies keeps the lock until its watch on the image times out
+// (osd_client_watch_timeout, 30 s by default); the next read-write Open
+// then has librbd blocklist it and break its lock, which is why
+// FencesOtherHosts is true. BreakLock does that at once, for a holder that
+// is alive or not known to be dead: once blocklisted, its I/O fails with
+// ESHUTDOWN, so it can never write again. A read-only Open takes no lock
+// and refuses an image whose holder is alive (it has a watch), as LOCK_SH
+// refuses a file with a writer.
+//
 // # Test backends
 //
 // Mem keeps the image in 4 KiB copy-on-write pages (a page never written

@@ -35,6 +35,11 @@ var (
 
 	// ErrClosed: an operation on a closed backend.
 	ErrClosed = errors.New("backend: closed")
+
+	// ErrFenced: another client took the backing over, and this one can
+	// never write to it again (an RBD image whose exclusive lock was broken:
+	// the cluster blocklisted this client).
+	ErrFenced = errors.New("backend: fenced off by another client")
 )
 
 // noDirectIOError is ErrNoDirectIO worded for the operator: it names the path

@@ -181,10 +181,11 @@ type mount struct {
 	waitErr         error
 }
 
-// mountStore starts `vdisk mount STORE DIR --foreground --ready-fd 3` and
-// returns once the daemon says ready. Cleanup unmounts (lazily if it must)
-// and reaps the daemon, killing it only if it does not go.
-func mountStore(t *testing.T, store, dir string) *mount {
+// mountStore starts `vdisk mount STORE DIR --foreground --ready-fd 3
+// [EXTRA...]` and returns once the daemon says ready. Cleanup unmounts
+// (lazily if it must) and reaps the daemon, killing it only if it does not
+// go.
+func mountStore(t *testing.T, store, dir string, extra ...string) *mount {
 	t.Helper()
 	requireRoot(t)
 	bin := vdiskBin(t)
@@ -197,7 +198,7 @@ func mountStore(t *testing.T, store, dir string) *mount {
 		t.Fatal(err)
 	}
 	m := &mount{dir: dir, store: store, log: logf.Name(), exited: make(chan struct{})}
-	m.cmd = exec.Command(bin, "mount", store, dir, "--foreground", "--ready-fd", "3")
+	m.cmd = exec.Command(bin, append([]string{"mount", store, dir, "--foreground", "--ready-fd", "3"}, extra...)...)
 	m.cmd.Stdout, m.cmd.Stderr = logf, logf
 	m.cmd.ExtraFiles = []*os.File{w}
 	start := time.Now()

@@ -26,16 +26,13 @@ fio --name=layout --filename="$mnt/ab.raw" --size=2G --rw=write --bs=1M --iodept
 	--direct=1 --ioengine=libaio --end_fsync=1 >/dev/null
 "$new" umount "$mnt"
 
-read -r -a workloads <<<"${WORKLOADS:-seqwrite-1m-qd16 seqread-1m-qd16 randread-4k-qd32 randwrite-4k-qd32}"
+. "$(dirname "$0")/workloads.sh"
+read -r -a workloads <<<"${WORKLOADS:-$default_workloads}"
 run() { # run WORKLOAD OUT
-	local rw bs qd
-	case $1 in
-	seqwrite-1m-qd16) rw=write bs=1M qd=16 ;;
-	seqread-1m-qd16) rw=read bs=1M qd=16 ;;
-	randread-4k-qd32) rw=randread bs=4k qd=32 ;;
-	randwrite-4k-qd32) rw=randwrite bs=4k qd=32 ;;
-	esac
-	fio --name=w --filename="$mnt/ab.raw" --size=2G --rw=$rw --bs=$bs --iodepth=$qd --direct=1 \
+	local args
+	args=$(workload_args "$1")
+	# shellcheck disable=SC2086 # args is several options
+	fio --name=w --filename="$mnt/ab.raw" --size=2G $args --direct=1 \
 		--ioengine=libaio --time_based --runtime="$secs" --ramp_time=1 --output-format=json >"$2"
 }
 side() { # side NAME BINARY ROUND
