@@ -95,8 +95,15 @@ func (e *env) sayWaiting(path string, h image.Holder) {
 // its descriptor, which releases the lock; between the two the lock is
 // still held for a moment.
 func lettingGo(path string) bool {
+	if strings.HasPrefix(path, "rbd:") {
+		return false // fenced by the image's lock, held by any host: nothing local to wait for
+	}
 	h, ok := image.ReadHolder(path)
-	return !ok || h.PID > 0 && exited(h.PID)
+	if !ok {
+		return true
+	}
+	host, _ := os.Hostname()
+	return h.Host == host && h.PID > 0 && exited(h.PID)
 }
 
 // closingHolder reports the holder of the store at path when it is a mount
