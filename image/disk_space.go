@@ -291,57 +291,65 @@ func (h *Disk) Allocate(off, n int64, keepSize bool) error {
 }
 
 // allocateZeroedLockedRange gives the holes in virtual blocks [first,
-// first+count) zeroed blocks. Caller holds an exclusive range lock over
-// them.
+// first+count) zeroed blocks, placed as a write's are (allocHoles: by the
+// virtual offset of the nearest mapped neighbour, else the disk's layout
+// base), so a disk fallocated in any order is laid out as one written in
+// order. Blocks it shares stay shared (fallocate does not unshare). Caller
+// holds an exclusive range lock over them.
 func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 	s := d.s
 	bs := s.bs
+	sc := getScratch()
+	defer putScratch(sc)
 	d.mu.RLock()
-	segs := d.m.Lookup(nil, first, count)
+	sc.segs = d.m.Lookup(sc.segs, first, count)
+	if !hasHole(sc) {
+		d.mu.RUnlock()
+		return nil
+	}
+	nb := d.neighboursLockedMu(first, count)
+	if d.mayShare.Load() {
+		s.mu.Lock()
+		s.ownNeighboursLockedMu(&nb, first, count)
+		s.mu.Unlock()
+	}
 	d.mu.RUnlock()
-	for _, sg := range segs {
-		if !sg.Hole {
+	// A disk that grows by this call has no size yet to size its layout.
+	nb.blocks = max(nb.blocks, first+count)
+	if err := s.allocHoles(sc, nb, true); err != nil {
+		return err
+	}
+	for _, sg := range sc.out {
+		if !isAllocated(sg, sc.allocs) {
 			continue
 		}
-		goal, hasGoal := uint64(0), false
-		d.mu.RLock()
-		if prev, ok := d.m.Before(sg.Virt); ok {
-			goal, hasGoal = prev.Phys+(sg.Virt-prev.Virt), true
-		}
-		d.mu.RUnlock()
-		allocs, err := s.allocData(nil, sg.Len, goal, hasGoal, true)
-		if err != nil {
-			s.unallocate(allocs)
+		if err := s.be.WriteZeroes(s.dataOff+int64(sg.Phys*bs), int64(sg.Len*bs)); err != nil {
+			s.stats.Errors.Add(1)
+			s.unallocate(sc.allocs)
 			return err
 		}
-		for _, e := range allocs {
-			if err := s.be.WriteZeroes(s.dataOff+int64(e.Start*bs), int64(e.Len*bs)); err != nil {
-				s.stats.Errors.Add(1)
-				s.unallocate(allocs)
-				return err
-			}
-		}
-		s.writeGen.Add(1)
-		s.cut.RLock()
-		d.mu.Lock()
-		before := d.m.Len()
-		v := sg.Virt
-		recs := make([]record, 0, len(allocs))
-		for _, e := range allocs {
-			d.m.Insert(blockmap.Extent{Virt: v, Phys: e.Start, Len: e.Len}, nil)
-			recs = append(recs, record{Type: recMap, ID: d.id, Virt: v, Phys: e.Start, Len: e.Len})
-			v += e.Len
-		}
-		s.mu.Lock()
-		s.mu.extents += d.m.Len() - before
-		for _, e := range allocs {
-			delete(s.mu.inflight, e.Start)
-		}
-		s.appendLockedMu(recs...)
-		s.mu.Unlock()
-		d.mu.Unlock()
-		s.cut.RUnlock()
 	}
+	s.writeGen.Add(1)
+	s.cut.RLock()
+	defer s.cut.RUnlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	before := d.m.Len()
+	recs := make([]record, 0, len(sc.allocs))
+	for _, sg := range sc.out {
+		if !isAllocated(sg, sc.allocs) {
+			continue
+		}
+		d.m.Insert(blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}, nil)
+		recs = append(recs, record{Type: recMap, ID: d.id, Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len})
+	}
+	s.mu.Lock()
+	s.mu.extents += d.m.Len() - before
+	for _, e := range sc.allocs {
+		delete(s.mu.inflight, e.Start)
+	}
+	s.appendLockedMu(recs...)
+	s.mu.Unlock()
 	return nil
 }
 

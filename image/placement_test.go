@@ -155,3 +155,43 @@ func TestPlacementCopyOnWrite(t *testing.T) {
 		t.Fatal("a-snap changed")
 	}
 }
+
+// TestPlacementAllocate: fallocate (mode 0) places blocks as writes do. A
+// disk allocated 4 KiB at a time from its last block to its first, and one
+// grown by fallocate past its size, end up in one extent each, and read as
+// zeros.
+func TestPlacementAllocate(t *testing.T) {
+	const blocks = 2048 // 8 MiB disks
+	ms := newMemStore(t, 128<<20, FormatOptions{})
+	a := mustCreate(t, ms.s, "a", blocks*4096)
+	defer a.Close()
+	for v := blocks - 1; v >= 0; v-- {
+		if err := a.Allocate(int64(v)*4096, 4096, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := a.Stat().Extents; n != 1 {
+		t.Errorf("disk allocated last block first: %d extents for %d blocks, want 1", n, blocks)
+	}
+	g := mustCreate(t, ms.s, "g", 0)
+	defer g.Close()
+	for i := range 8 { // grows by 1 MiB, back to front within each step
+		for v := 255; v >= 0; v -= 64 {
+			if err := g.Allocate(int64(i*256+v-63)*4096, 64*4096, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n, size := g.Stat().Extents, g.Stat().Size; n != 1 || size != 8<<20 {
+		t.Errorf("disk grown by fallocate: %d extents, size %d, want 1 and %d", n, size, 8<<20)
+	}
+	for _, h := range []*Disk{a, g} {
+		got := make([]byte, blocks*4096)
+		if _, err := h.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, make([]byte, len(got))) {
+			t.Errorf("disk %s: allocated blocks do not read as zeros", h.Stat().Name)
+		}
+	}
+}
