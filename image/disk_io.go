@@ -1,11 +1,13 @@
 package image
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
+	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
 // ReadAt reads len(p) bytes at off. Like a file, it returns io.EOF when the
@@ -225,6 +227,43 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 		}
 		last := sc.allocs[len(sc.allocs)-1]
 		lastVirt, lastPhys, hasLast = v, last.end(), true
+	}
+	if err := s.prepareBacking(sc.allocs, mayCommit); err != nil {
+		s.unallocate(sc.allocs)
+		sc.allocs = sc.allocs[:0]
+		return err
+	}
+	return nil
+}
+
+// errUnprepared declines a plan that cannot wait (PlanWrite) whose new
+// blocks lie in a part of the backing not yet prepared: WriteAt prepares
+// it and writes.
+var errUnprepared = errors.New("backing not prepared for the new blocks")
+
+// prepareBacking makes the backing ready for the first writes of the
+// blocks in allocs, when it is a backend.Preparer (a store file: its host
+// file system then allocates the chunks holding them ahead, rather than
+// block by block under each write). With wait false it only checks, and
+// returns errUnprepared if preparation is needed. A failed preparation is
+// not an error: the write goes ahead and pays the allocation itself (and
+// reports ENOSPC if the host file system is full).
+func (s *Store) prepareBacking(allocs []pext, wait bool) error {
+	p, ok := s.be.(backend.Preparer)
+	if !ok {
+		return nil
+	}
+	for _, e := range allocs {
+		off, n := s.dataOff+int64(e.Start*s.bs), int64(e.Len*s.bs)
+		if p.Prepared(off, n) {
+			continue
+		}
+		if !wait {
+			return errUnprepared
+		}
+		if err := p.Prepare(off, n); err != nil {
+			s.log.WithError(err).Debug("allocating the store file ahead of writes failed; writing without")
+		}
 	}
 	return nil
 }

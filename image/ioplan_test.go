@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/ncw/directio"
+	"golang.org/x/sys/unix"
 
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/internal/iouring"
@@ -308,6 +309,7 @@ func TestPlanOnMemory(t *testing.T) {
 	defer fs.Close()
 	hf := mustCreate(t, fs, "f", 1<<20)
 	defer hf.Close()
+	mustWrite(t, hf, p, 4096) // prepares the store file's chunk (TestPlanWritePreparesBacking)
 	if !hf.PlanWriteSync(&pl, p, 0, 8) && !hf.PlanWrite(&pl, p, 0, 8) {
 		t.Fatal("write on a File backend not planned")
 	}
@@ -317,4 +319,53 @@ func TestPlanOnMemory(t *testing.T) {
 		t.Fatalf("File's entry for %d bytes at %d: %+v", len(pl.IOs[0].Buf), pl.IOs[0].Off, sqe)
 	}
 	pl.Abort()
+}
+
+// TestPlanWritePreparesBacking: the first write into a chunk of a sparse
+// store file that no write has used yet makes the host file system
+// allocate the whole chunk (backend.Preparer), so later first writes there
+// are overwrites for it. PlanWrite, which must not block, declines that
+// first write; WriteAt prepares and writes; then PlanWrite plans the next
+// hole in the chunk.
+func TestPlanWritePreparesBacking(t *testing.T) {
+	path, s := newFileStore(t, 4*backend.PrepareChunk, FormatOptions{JournalSize: 1 << 20})
+	defer s.Close()
+	h := mustCreate(t, s, "a", 64<<20)
+	defer h.Close()
+	var st unix.Stat_t
+	used := func() int64 {
+		t.Helper()
+		if err := unix.Stat(path, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	before, freeBefore := used(), s.Info().FreeBlocks
+	p := directio.AlignedBlock(4096)
+	var pl IOPlan
+	if h.PlanWrite(&pl, p, 0, 8) {
+		pl.Abort()
+		t.Fatal("PlanWrite planned a first write into an unprepared chunk of the store file")
+	}
+	if free := s.Info().FreeBlocks; free != freeBefore {
+		t.Fatalf("the declined plan kept blocks: %d free, want %d", free, freeBefore)
+	}
+	if _, err := h.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if grew := used() - before; grew < backend.PrepareChunk/2 {
+		t.Errorf("the store file grew by %d bytes on the first write, want a prepared chunk (%d)", grew, backend.PrepareChunk)
+	}
+	if !h.PlanWrite(&pl, p, 1<<20, 8) {
+		t.Fatal("PlanWrite declined a hole in a prepared chunk")
+	}
+	for i := range pl.IOs {
+		if err := pl.Do(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pl.Finish()
+	if rep := s.Check(); !rep.Clean() {
+		t.Fatalf("check: %v", rep.Findings)
+	}
 }

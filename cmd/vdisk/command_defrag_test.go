@@ -14,12 +14,12 @@ import (
 
 // fragmentedStore makes a store whose disk a.raw has an extent for about
 // every 4 KiB block, and returns the store's path and a.raw's bytes.
-// Writes in any order now stay in one extent (placement follows the
-// virtual offset), but an allocation (fallocate) still aims only at the
-// extent before its range: allocating a.raw's blocks one at a time, last
-// to first, gives each block a place of its own, as writes in random order
-// got in stores made before placement followed the virtual offset. The
-// data is then written in place.
+// Writes in any order stay in one extent where there is room (placement
+// follows the virtual offset), so the room is taken away: a filler disk
+// takes every free block, every other one of its first blocks is punched
+// free, and a.raw is written into those. Then the filler is removed, which
+// leaves a.raw as a disk written at random by a store made before
+// placement followed the virtual offset, with room to defragment.
 func fragmentedStore(t *testing.T, blocks int) (string, []byte) {
 	t.Helper()
 	const bs = 4096
@@ -29,21 +29,46 @@ func fragmentedStore(t *testing.T, blocks int) (string, []byte) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := s.Create("a.raw", int64(blocks*bs), image.Attr{Mode: 0o644}); err != nil {
-		t.Fatal(err)
+	create := func(name string, size int64) *image.Disk {
+		t.Helper()
+		if _, err := s.Create(name, size, image.Attr{Mode: 0o644}); err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.OpenDisk(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
 	}
-	d, err := s.OpenDisk("a.raw")
-	if err != nil {
-		t.Fatal(err)
+	filler := create("filler.raw", 0)
+	chunk := make([]byte, 1<<20)
+	var end int64
+	for ; ; end += int64(len(chunk)) {
+		if _, err := filler.WriteAt(chunk, end); err != nil {
+			break
+		}
 	}
-	defer d.Close()
-	for v := blocks - 1; v >= 0; v-- {
-		if err := d.Allocate(int64(v*bs), bs, true); err != nil {
+	for ; ; end += bs {
+		if _, err := filler.WriteAt(chunk[:bs], end); err != nil {
+			break
+		}
+	}
+	for v := 0; v < 2*(blocks+64); v += 2 { // 64 more: room kept for metadata
+		if err := filler.Punch(int64(v*bs), bs); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if err := s.Commit(); err != nil { // the punched blocks are free once it is durable
+		t.Fatal(err)
+	}
+	d := create("a.raw", int64(blocks*bs))
+	defer d.Close()
 	data := randomBytes(blocks*bs, 3)
 	if _, err := d.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	filler.Close()
+	if err := s.Remove("filler.raw"); err != nil {
 		t.Fatal(err)
 	}
 	return store, data

@@ -3,6 +3,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -11,6 +12,8 @@ import (
 // Open.
 type File struct {
 	direct
+	prepared  chunkSet    // chunks allocated ahead (Prepare), cleared by Discard
+	noPrepare atomic.Bool // the host file system cannot allocate ahead
 }
 
 func newFile(fd int, path string, st *unix.Stat_t, readOnly bool) (*File, error) {
@@ -19,7 +22,7 @@ func newFile(fd int, path string, st *unix.Stat_t, readOnly bool) (*File, error)
 		return nil, fmt.Errorf("open %q: %w", path, err)
 	}
 	desc := fmt.Sprintf("file %q", path)
-	f := &File{}
+	f := &File{prepared: newChunkSet(st.Size)}
 	f.init(fd, desc, st.Size, sector, readOnly)
 	return f, nil
 }
@@ -67,6 +70,7 @@ func (f *File) Discard(off, n int64) error {
 	err := f.withFD(func(fd int) error {
 		return fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
 	})
+	f.unprepare(off, n)
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		return f.opError("discard", off, n, fmt.Errorf("%w: punching holes: %w", ErrUnsupported, err))
 	}
@@ -91,6 +95,7 @@ func (f *File) WriteZeroes(off, n int64) error {
 			return err
 		}
 		err = fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+		f.unprepare(off, n)
 		if err != unix.EOPNOTSUPP {
 			return err
 		}
