@@ -18,9 +18,12 @@ import (
 // RBDSupported says whether this build has the RBD backend (build tag rbd).
 const RBDSupported = true
 
-// RBD is a Backend on a Ceph RBD image, through librbd (github.com/ceph/go-ceph):
-// a user-space client, no kernel module. Create it with Open and an RBD
-// store name (RBDName). See the package documentation, "RBD".
+// RBD is a Backend on a Ceph RBD image, through librbd: a user-space
+// client, no kernel module. github.com/ceph/go-ceph makes the connection
+// and the pool's I/O context; the image is opened on that context and used
+// through librbd's C API (rbdImage), its data through the asynchronous
+// calls (rbdAIO). Create it with Open and an RBD store name (RBDName). See
+// the package documentation, "RBD".
 type RBD struct {
 	name       RBDName
 	desc       string
