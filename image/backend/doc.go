@@ -112,21 +112,25 @@
 //
 // RBD (build tag rbd; see rbd_stub.go for what other builds say) is a
 // Backend on a Ceph RBD image through librbd (github.com/ceph/go-ceph
-// v0.28.0, Ceph Pacific and later), opened by Open with an RBD store name,
-// rbd:POOL/IMAGE[:id=USER][:conf=FILE][:OPTION=VALUE...] (RBDName; QEMU's
-// syntax). ReadAt, WriteAt, Flush (rbd_flush), Discard (rbd_discard) and
-// WriteZeroes (a write-same of zeros, which librbd makes a discard without
-// granularity, so the whole range reads zeros) are synchronous librbd
-// calls on the caller's thread; librbd is thread-safe, so they run in
-// parallel at any depth, each holding an OS thread in cgo. librbd's cache
-// is turned off unless the name sets rbd_cache: a completed write is then
-// on every replica, WriteAtDurable is WriteAt, and Flush has nothing to
-// wait for. Size is the image's at open; SectorSize is 512 (librbd takes
-// any byte range; the checks are O_DIRECT's anyway, so a store issues the
-// same I/O on every backend). go-ceph reports every failed write as EPERM
-// with the real -errno in the count; the backend decodes it, and EROFS
-// (another client holds the lock now) and ESHUTDOWN (this client was
-// blocklisted) wrap ErrFenced.
+// v0.28.0 for the connection, Ceph Pacific and later), opened by Open with
+// an RBD store name, rbd:POOL/IMAGE[:id=USER][:conf=FILE][:OPTION=VALUE...]
+// (RBDName; QEMU's syntax). go-ceph has only librbd's synchronous calls and
+// no access to its image handle, so the backend opens the image itself
+// (rbd_open on go-ceph's I/O context, rbd_image.go) and does its I/O with
+// librbd's asynchronous API (rbd_aio.go): ReadAt, WriteAt, Flush
+// (rbd_aio_flush), Discard (rbd_aio_discard) and WriteZeroes
+// (rbd_aio_write_zeroes, which librbd makes a discard without granularity,
+// so the whole range reads zeros) start the operation and park the calling
+// goroutine until one poller goroutine, woken through the netpoller by the
+// eventfd librbd writes on completion (rbd_set_image_notification),
+// reaps it (rbd_poll_io_events). An I/O in flight holds no OS thread, at
+// any depth. librbd's cache is turned off unless the name sets rbd_cache:
+// a completed write is then on every replica, WriteAtDurable is WriteAt,
+// and Flush has nothing to wait for. Size is the image's at open;
+// SectorSize is 512 (librbd takes any byte range; the checks are
+// O_DIRECT's anyway, so a store issues the same I/O on every backend).
+// Failures carry librbd's errno; EROFS (another client holds the lock now)
+// and ESHUTDOWN (this client was blocklisted) wrap ErrFenced.
 //
 // RBD is not a Submitter: it has no descriptor for a caller's io_uring,
 // and every I/O waits for the network, so there is no Do that does not

@@ -18,26 +18,30 @@ import (
 // RBDSupported says whether this build has the RBD backend (build tag rbd).
 const RBDSupported = true
 
-// RBD is a Backend on a Ceph RBD image, through librbd (github.com/ceph/go-ceph):
-// a user-space client, no kernel module. Create it with Open and an RBD
-// store name (RBDName). See the package documentation, "RBD".
+// RBD is a Backend on a Ceph RBD image, through librbd: a user-space
+// client, no kernel module. github.com/ceph/go-ceph makes the connection
+// and the pool's I/O context; the image is opened on that context and used
+// through librbd's C API (rbdImage), its data through the asynchronous
+// calls (rbdAIO). Create it with Open and an RBD store name (RBDName). See
+// the package documentation, "RBD".
 type RBD struct {
 	name       RBDName
 	desc       string
 	size       int64
 	readOnly   bool
-	cache      bool   // librbd's write-back cache is on (rbd_cache): durable writes must flush
-	zeros      []byte // one sector of zeros: WriteZeroes is a write-same of it
+	cache      bool // librbd's write-back cache is on (rbd_cache): durable writes must flush
 	conn       *rados.Conn
 	ioctx      *rados.IOContext
 	lockHolder string // this client, as a second opener would see it named
 
-	// mu is held for reading by every operation on img and for writing
-	// by Close, so Close never closes the image under a running call.
+	// mu is held for reading by every operation on img, for as long as
+	// it is in flight, and for writing by Close, so Close never closes
+	// the image under a running call or one librbd has not completed.
 	// Operations never wait for each other.
 	mu struct {
 		sync.RWMutex
-		img *rbd.Image // nil once closed
+		img *rbdImage // the handle that holds the lock; nil once closed
+		aio *rbdAIO   // the data path on img; nil once closed
 	}
 }
 
@@ -68,7 +72,7 @@ func openRBD(spec string, opts OpenOptions) (Backend, error) {
 		return nil, err
 	}
 	r := &RBD{name: c.name, desc: fmt.Sprintf("rbd image %q", c.name.ImageSpec()), readOnly: opts.ReadOnly,
-		zeros: make([]byte, rbdSectorSize), conn: c.conn, ioctx: c.ioctx}
+		conn: c.conn, ioctx: c.ioctx}
 	if r.cache, err = rbdCacheOn(c.conn); err != nil {
 		c.close()
 		return nil, fmt.Errorf("open %s: %w", r.desc, err)
@@ -78,7 +82,13 @@ func openRBD(spec string, opts OpenOptions) (Backend, error) {
 		c.close()
 		return nil, err
 	}
-	r.mu.img = img
+	aio, err := newRBDAIO(img)
+	if err != nil {
+		img.close()
+		c.close()
+		return nil, fmt.Errorf("open %s: %w", r.desc, err)
+	}
+	r.mu.img, r.mu.aio = img, aio
 	if err := r.init(opts); err != nil {
 		r.Close()
 		return nil, err
@@ -89,9 +99,9 @@ func openRBD(spec string, opts OpenOptions) (Backend, error) {
 // init reads the size and takes the lock, or checks that no one holds it.
 func (r *RBD) init(opts OpenOptions) error {
 	img := r.mu.img
-	size, err := img.GetSize()
+	size, err := img.size()
 	if err != nil {
-		return fmt.Errorf("open %s: size: %w", r.desc, rbdErrno(err))
+		return fmt.Errorf("open %s: size: %w", r.desc, err)
 	}
 	if size%rbdSectorSize != 0 {
 		return fmt.Errorf("open %s: its size %d is not a multiple of %d bytes", r.desc, size, rbdSectorSize)
@@ -114,11 +124,10 @@ func (r *RBD) init(opts OpenOptions) error {
 		}
 		return nil
 	}
-	if err := img.LockAcquire(rbd.LockModeExclusive); err != nil {
-		errno := rbdErrno(err)
+	if errno := img.lockAcquireExclusive(); errno != nil {
 		switch {
 		case errors.Is(errno, syscall.EROFS), errors.Is(errno, syscall.EBUSY):
-			owners, _ := img.LockGetOwners()
+			owners, _ := img.lockOwners()
 			return fmt.Errorf("open %s: the exclusive lock is held by %s: %w", r.desc, lockHolders(img, owners), ErrLocked)
 		case errors.Is(errno, syscall.EINVAL):
 			return fmt.Errorf("open %s: the image lacks the exclusive-lock feature, without which nothing fences a second host "+
@@ -127,34 +136,34 @@ func (r *RBD) init(opts OpenOptions) error {
 			return fmt.Errorf("open %s: take the exclusive lock: %w", r.desc, rbdErrnoFenced(errno))
 		}
 	}
-	if owner, err := img.LockIsExclusiveOwner(); err != nil || !owner {
+	if owner, err := img.isExclusiveLockOwner(); err != nil || !owner {
 		return fmt.Errorf("open %s: the exclusive lock was taken but this client does not own it (%v): %w", r.desc, err, ErrLocked)
 	}
 	r.lockHolder = fmt.Sprintf("client.%d", r.conn.GetInstanceID())
-	if owners, err := img.LockGetOwners(); err == nil && len(owners) == 1 {
-		r.lockHolder += " at " + owners[0].Owner
+	if owners, err := img.lockOwners(); err == nil && len(owners) == 1 {
+		r.lockHolder += " at " + owners[0]
 	}
 	return nil
 }
 
 // liveLockers names the holders of img's lock that are alive: those with a
 // watch on the image.
-func liveLockers(img *rbd.Image) ([]string, error) {
-	_, lockers, err := img.ListLockers()
+func liveLockers(img *rbdImage) ([]string, error) {
+	lockers, err := img.lockers()
 	if err != nil {
-		return nil, fmt.Errorf("lockers: %w", rbdErrno(err))
+		return nil, fmt.Errorf("lockers: %w", err)
 	}
 	if len(lockers) == 0 {
 		return nil, nil
 	}
-	watchers, err := img.ListWatchers()
+	watchers, err := img.watchers()
 	if err != nil {
-		return nil, fmt.Errorf("watchers: %w", rbdErrno(err))
+		return nil, fmt.Errorf("watchers: %w", err)
 	}
 	var live []string
 	for _, l := range lockers {
-		for _, w := range watchers {
-			if w.Addr == l.Addr {
+		for _, addr := range watchers {
+			if addr == l.Addr {
 				live = append(live, fmt.Sprintf("%s at %s (lock cookie %q)", l.Client, l.Addr, l.Cookie))
 				break
 			}
@@ -264,21 +273,15 @@ func (c *rbdConn) close() {
 	c.conn.Shutdown()
 }
 
-// openImage opens the image; a missing one wraps os.ErrNotExist.
-func (c *rbdConn) openImage(readOnly bool) (*rbd.Image, error) {
-	var img *rbd.Image
-	var err error
-	if readOnly {
-		img, err = rbd.OpenImageReadOnly(c.ioctx, c.name.Image, rbd.NoSnapshot)
-	} else {
-		img, err = rbd.OpenImage(c.ioctx, c.name.Image, rbd.NoSnapshot)
-	}
+// openImage opens the image (rbdImage: through librbd's C API on go-ceph's
+// I/O context); a missing one wraps os.ErrNotExist.
+func (c *rbdConn) openImage(readOnly bool) (*rbdImage, error) {
+	img, err := openRBDImage(c.ioctx, c.name.Image, c.name.ImageSpec(), readOnly)
 	if err != nil {
-		errno := rbdErrno(err)
-		if errors.Is(errno, syscall.ENOENT) {
+		if errors.Is(err, syscall.ENOENT) {
 			return nil, fmt.Errorf("open rbd image %q: %w", c.name.ImageSpec(), os.ErrNotExist)
 		}
-		return nil, fmt.Errorf("open rbd image %q: %w", c.name.ImageSpec(), errno)
+		return nil, fmt.Errorf("open rbd image %q: %w", c.name.ImageSpec(), err)
 	}
 	return img, nil
 }
@@ -295,16 +298,16 @@ func rbdCacheOn(conn *rados.Conn) (bool, error) {
 // lockHolders names the owners of an image's exclusive lock for messages:
 // the client (client.N), its address and the lock's cookie, from the
 // image's lockers where they match an owner's address, else the address.
-func lockHolders(img *rbd.Image, owners []*rbd.LockOwner) string {
+func lockHolders(img *rbdImage, owners []string) string {
 	if len(owners) == 0 {
 		return "another client (it let go since)"
 	}
-	_, lockers, _ := img.ListLockers()
+	lockers, _ := img.lockers()
 	var names []string
 	for _, o := range owners {
-		name := "client at " + o.Owner
+		name := "client at " + o
 		for _, l := range lockers {
-			if l.Addr == o.Owner {
+			if l.Addr == o {
 				name = fmt.Sprintf("%s at %s (lock cookie %q)", l.Client, l.Addr, l.Cookie)
 			}
 		}
@@ -328,20 +331,22 @@ func (r *RBD) fencesOtherHosts() bool { return !r.readOnly && r.lockHolder != ""
 
 func (r *RBD) engine() Engine { return "librbd" }
 
-// ReadAt reads len(p) bytes at off.
+// ReadAt reads len(p) bytes at off (rbd_aio_read), blocking only the
+// calling goroutine.
 func (r *RBD) ReadAt(p []byte, off int64) (int, error) {
 	n := int64(len(p))
 	done := 0
-	err := r.with(off, n, p, false, func(img *rbd.Image) (err error) {
-		done, err = img.ReadAt(p, off)
+	err := r.with(off, n, p, false, func(a *rbdAIO) error {
+		ret, err := a.start(aioRead, off, n, p)
 		switch {
-		case err == nil && done == len(p):
-			return nil
-		case err == nil || errors.Is(err, io.EOF):
-			return fmt.Errorf("read %d of %d bytes: %w", done, len(p), io.ErrUnexpectedEOF)
-		default:
-			return rbdErrnoFenced(rbdErrno(err))
+		case err != nil:
+			return rbdErrnoFenced(err)
+		case ret != n:
+			done = int(min(max(ret, 0), n))
+			return fmt.Errorf("read %d of %d bytes: %w", ret, n, io.ErrUnexpectedEOF)
 		}
+		done = len(p)
+		return nil
 	})
 	if err != nil {
 		return done, r.opError("read", off, n, err)
@@ -349,8 +354,8 @@ func (r *RBD) ReadAt(p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-// WriteAt writes len(p) bytes at off. With librbd's cache off (the
-// default here) the write is on every replica when it returns.
+// WriteAt writes len(p) bytes at off (rbd_aio_write). With librbd's cache
+// off (the default here) the write is on every replica when it returns.
 func (r *RBD) WriteAt(p []byte, off int64) (int, error) { return r.write("write", p, off) }
 
 // WriteAtDurable is WriteAt and, only if librbd's cache is on, a flush:
@@ -369,33 +374,24 @@ func (r *RBD) WriteAtDurable(p []byte, off int64) (int, error) {
 
 func (r *RBD) write(op string, p []byte, off int64) (int, error) {
 	n := int64(len(p))
-	done := 0
-	err := r.with(off, n, p, true, func(img *rbd.Image) error {
-		ret, err := img.WriteAt(p, off)
-		switch {
-		case ret < 0:
-			// go-ceph reports every failed write as EPERM and puts the
-			// real -errno in the count.
-			return rbdErrnoFenced(syscall.Errno(-ret))
-		case err != nil:
-			return rbdErrnoFenced(rbdErrno(err))
-		case ret != len(p):
-			done = ret
-			return fmt.Errorf("wrote %d of %d bytes: %w", ret, len(p), io.ErrUnexpectedEOF)
-		}
-		done = ret
-		return nil
+	err := r.with(off, n, p, true, func(a *rbdAIO) error {
+		// A write's return value is 0 or its length; a failure is
+		// its -errno (EROFS, ESHUTDOWN when fenced), which
+		// go-ceph's synchronous WriteAt used to report as EPERM.
+		_, err := a.start(aioWrite, off, n, p)
+		return rbdErrnoFenced(err)
 	})
 	if err != nil {
-		return done, r.opError(op, off, n, err)
+		return 0, r.opError(op, off, n, err)
 	}
-	return done, nil
+	return len(p), nil
 }
 
-// Flush is rbd_flush: every completed write is durable when it returns.
+// Flush is rbd_aio_flush: every completed write is durable when it returns.
 func (r *RBD) Flush() error {
-	err := r.with(0, 0, nil, false, func(img *rbd.Image) error {
-		return rbdErrnoFenced(rbdErrno(img.Flush()))
+	err := r.with(0, 0, nil, false, func(a *rbdAIO) error {
+		_, err := a.start(aioFlush, 0, 0, nil)
+		return rbdErrnoFenced(err)
 	})
 	if err != nil {
 		return fmt.Errorf("backend %s: flush: %w", r.desc, err)
@@ -403,17 +399,17 @@ func (r *RBD) Flush() error {
 	return nil
 }
 
-// Discard is rbd_discard. librbd frees the whole objects inside the range,
-// truncates or zeroes partial ones, and may skip pieces smaller than
+// Discard is rbd_aio_discard. librbd frees the whole objects inside the
+// range, truncates or zeroes partial ones, and may skip pieces smaller than
 // rbd_discard_granularity_bytes: what the range reads afterwards is
 // unspecified, as the contract allows.
 func (r *RBD) Discard(off, n int64) error {
-	err := r.with(off, n, nil, true, func(img *rbd.Image) error {
+	err := r.with(off, n, nil, true, func(a *rbdAIO) error {
 		if n == 0 {
 			return nil
 		}
-		_, err := img.Discard(uint64(off), uint64(n))
-		return rbdErrnoFenced(rbdErrno(err))
+		_, err := a.start(aioDiscard, off, n, nil)
+		return rbdErrnoFenced(err)
 	})
 	if err != nil {
 		return r.opError("discard", off, n, err)
@@ -421,23 +417,16 @@ func (r *RBD) Discard(off, n int64) error {
 	return nil
 }
 
-// WriteZeroes is a write-same of a zero sector over the range, which
-// librbd turns into a discard without granularity
-// (rbd_discard_on_zeroed_write_same): whole objects are freed, partial
-// ones zeroed, and the whole range reads as zeros.
+// WriteZeroes is rbd_aio_write_zeroes, which librbd makes a discard
+// without granularity: whole objects are freed, partial ones zeroed, and
+// the whole range reads as zeros.
 func (r *RBD) WriteZeroes(off, n int64) error {
-	err := r.with(off, n, nil, true, func(img *rbd.Image) error {
+	err := r.with(off, n, nil, true, func(a *rbdAIO) error {
 		if n == 0 {
 			return nil
 		}
-		ret, err := img.WriteSame(uint64(off), uint64(n), r.zeros, 0)
-		if err != nil {
-			return rbdErrnoFenced(rbdErrno(err))
-		}
-		if ret != n {
-			return fmt.Errorf("zeroed %d of %d bytes: %w", ret, n, io.ErrUnexpectedEOF)
-		}
-		return nil
+		_, err := a.start(aioZeroes, off, n, nil)
+		return rbdErrnoFenced(err)
 	})
 	if err != nil {
 		return r.opError("write zeroes", off, n, err)
@@ -450,23 +439,23 @@ func (r *RBD) WriteZeroes(off, n int64) error {
 func (r *RBD) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	img := r.mu.img
-	if img == nil {
+	aio := r.mu.aio
+	if aio == nil {
 		return nil
 	}
-	r.mu.img = nil
-	err := img.Close()
+	r.mu.img, r.mu.aio = nil, nil
+	err := aio.close() // and the image
 	r.ioctx.Destroy()
 	r.conn.Shutdown()
 	if err != nil {
-		return fmt.Errorf("backend %s: close: %w", r.desc, rbdErrno(err))
+		return fmt.Errorf("backend %s: close: %w", r.desc, err)
 	}
 	return nil
 }
 
 // with checks an operation (range and alignment, and that a write is
-// allowed) and runs f with the open image, holding r.mu for reading.
-func (r *RBD) with(off, n int64, p []byte, write bool, f func(*rbd.Image) error) error {
+// allowed) and runs f with the data path, holding r.mu for reading.
+func (r *RBD) with(off, n int64, p []byte, write bool, f func(*rbdAIO) error) error {
 	if write && r.readOnly {
 		return ErrReadOnly
 	}
@@ -478,10 +467,10 @@ func (r *RBD) with(off, n int64, p []byte, write bool, f func(*rbd.Image) error)
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	if r.mu.img == nil {
+	if r.mu.aio == nil {
 		return ErrClosed
 	}
-	return f(r.mu.img)
+	return f(r.mu.aio)
 }
 
 func (r *RBD) opError(op string, off, n int64, err error) error {
@@ -531,10 +520,10 @@ func statRBD(spec string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	defer img.Close()
-	size, err := img.GetSize()
+	defer img.close()
+	size, err := img.size()
 	if err != nil {
-		return Info{}, fmt.Errorf("rbd image %q: size: %w", c.name.ImageSpec(), rbdErrno(err))
+		return Info{}, fmt.Errorf("rbd image %q: size: %w", c.name.ImageSpec(), err)
 	}
 	return Info{Kind: KindRBD, Size: int64(size)}, nil
 }
@@ -588,16 +577,15 @@ func breakRBDLock(spec string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer img.Close()
-	owners, err := img.LockGetOwners()
+	defer img.close()
+	owners, err := img.lockOwners()
 	if err != nil {
-		return nil, fmt.Errorf("rbd image %q: exclusive lock owners: %w", c.name.ImageSpec(), rbdErrno(err))
+		return nil, fmt.Errorf("rbd image %q: exclusive lock owners: %w", c.name.ImageSpec(), err)
 	}
 	var broken []string
 	for _, o := range owners {
-		who := lockHolders(img, []*rbd.LockOwner{o})
-		if err := img.LockBreak(rbd.LockModeExclusive, o.Owner); err != nil {
-			errno := rbdErrno(err)
+		who := lockHolders(img, []string{o})
+		if errno := img.lockBreak(o); errno != nil {
 			if errors.Is(errno, syscall.ENOENT) {
 				continue // it let go meanwhile
 			}
