@@ -127,6 +127,25 @@ func (a *allocator) take(e pext) error {
 	return nil
 }
 
+// takeRange takes every free block in [lo, hi) and returns the extents
+// taken, in order.
+func (a *allocator) takeRange(lo, hi uint64) []pext {
+	var pieces []pext
+	if f, ok := a.containing(lo); ok {
+		pieces = append(pieces, pext{Start: lo, Len: min(f.end(), hi) - lo})
+	}
+	a.byStart.AscendRange(pext{Start: lo + 1}, pext{Start: hi}, func(f pext) bool {
+		pieces = append(pieces, pext{Start: f.Start, Len: min(f.end(), hi) - f.Start})
+		return true
+	})
+	for _, e := range pieces {
+		if err := a.take(e); err != nil {
+			panic(fmt.Sprintf("image: takeRange [%d,%d): %v", lo, hi, err))
+		}
+	}
+	return pieces
+}
+
 // alloc takes n blocks, preferring, in order: blocks starting exactly at
 // goal (so a sequential writer's extents stay physically contiguous and
 // merge in the map); the first free extent after goal large enough for all n;

@@ -214,7 +214,12 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 		}
 		start := len(sc.allocs)
 		var err error
-		sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasGoal, mayCommit)
+		if hasGoal { // the blocks aimed at are given after their chunk is prepared
+			err = s.prepareBacking([]pext{{Start: goal, Len: sg.Len}}, mayCommit)
+		}
+		if err == nil {
+			sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasGoal, mayCommit)
+		}
 		if err != nil {
 			s.unallocate(sc.allocs)
 			sc.allocs = sc.allocs[:0]
@@ -228,6 +233,7 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 		last := sc.allocs[len(sc.allocs)-1]
 		lastVirt, lastPhys, hasLast = v, last.end(), true
 	}
+	// Blocks given away from the goal may lie in a chunk not prepared yet.
 	if err := s.prepareBacking(sc.allocs, mayCommit); err != nil {
 		s.unallocate(sc.allocs)
 		sc.allocs = sc.allocs[:0]
@@ -241,31 +247,106 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 // it and writes.
 var errUnprepared = errors.New("backing not prepared for the new blocks")
 
-// prepareBacking makes the backing ready for the first writes of the
-// blocks in allocs, when it is a backend.Preparer (a store file: its host
-// file system then allocates the chunks holding them ahead, rather than
-// block by block under each write). With wait false it only checks, and
-// returns errUnprepared if preparation is needed. A failed preparation is
-// not an error: the write goes ahead and pays the allocation itself (and
-// reports ENOSPC if the host file system is full).
+// prepareBacking prepares every chunk of a backend.Preparer backing (a
+// store file) that holds blocks of allocs and is not yet prepared
+// (prepareChunk), so that their first writes are overwrites for the host
+// file system. With wait false it only checks, and returns errUnprepared
+// if a chunk needs preparing.
 func (s *Store) prepareBacking(allocs []pext, wait bool) error {
 	p, ok := s.be.(backend.Preparer)
 	if !ok {
 		return nil
 	}
+	chunk := p.PrepareChunk()
 	for _, e := range allocs {
-		off, n := s.dataOff+int64(e.Start*s.bs), int64(e.Len*s.bs)
-		if p.Prepared(off, n) {
-			continue
-		}
-		if !wait {
-			return errUnprepared
-		}
-		if err := p.Prepare(off, n); err != nil {
-			s.log.WithError(err).Debug("allocating the store file ahead of writes failed; writing without")
+		first := (s.dataOff + int64(e.Start*s.bs)) / chunk
+		last := (min(s.dataOff+int64(e.end()*s.bs), s.dataEnd) - 1) / chunk
+		for c := first; c <= last; c++ {
+			if p.Prepared(c) {
+				continue
+			}
+			if !wait {
+				return errUnprepared
+			}
+			s.prepareChunk(p, c)
 		}
 	}
 	return nil
+}
+
+// prepareChunk writes zeros over every free block of chunk c of the
+// backing, in large writes, and marks the chunk prepared. The free blocks
+// are taken from the allocator meanwhile, in flight like a write's
+// (no one is given them, Check counts them), and returned after: so no
+// block anyone uses, or is given meanwhile, is written, and blocks in
+// quarantine (still referenced by the durable maps) are not free. Free
+// blocks hold nothing anyone reads (a disk reads its holes as zeros
+// without I/O), so writing them changes nothing a reader sees, before or
+// after a crash. A chunk holding most of what is free is not prepared
+// (taking its blocks away for the while could make a write fail for
+// space), and a failed zero write is not retried: either way the chunk is
+// marked and its first writes pay the host file system's allocation, as
+// before preparation existed.
+func (s *Store) prepareChunk(p backend.Preparer, c int64) {
+	s.prepMu.Lock()
+	defer s.prepMu.Unlock()
+	if p.Prepared(c) {
+		return
+	}
+	chunk, bs := p.PrepareChunk(), int64(s.bs)
+	lo := uint64(max(c*chunk-s.dataOff+bs-1, 0) / bs)
+	hi := uint64(max((c+1)*chunk-s.dataOff, 0) / bs)
+	defer p.MarkPrepared(c) // prepared, or not worth trying again
+	s.mu.Lock()
+	hi = min(hi, s.mu.alloc.total)
+	taken := s.mu.alloc.takeRange(lo, hi)
+	var n uint64
+	for _, e := range taken {
+		n += e.Len
+	}
+	if s.mu.alloc.freeBlocks < s.ckptReserveLockedMu()+n {
+		// Most of what is free is in this chunk: holding it for the
+		// while could fail other writes for space. Write without.
+		for _, e := range taken {
+			if err := s.mu.alloc.free(e); err != nil {
+				s.log.WithError(err).Error("returning blocks after preparing the backing")
+			}
+		}
+		s.mu.Unlock()
+		return
+	}
+	for _, e := range taken {
+		s.mu.inflight[e.Start] = e.Len
+	}
+	s.mu.Unlock()
+
+	zeros := s.pool.Get(maxRunBytes)
+	clear(zeros)
+	var err error
+	var written uint64
+	for _, e := range taken {
+		off, end := s.dataOff+int64(e.Start)*bs, s.dataOff+int64(e.end())*bs
+		for ; off < end && err == nil; off += int64(len(zeros)) {
+			n := min(int64(len(zeros)), end-off)
+			_, err = s.be.WriteAt(zeros[:n], off)
+			written += uint64(n)
+		}
+	}
+	s.pool.Put(zeros)
+
+	s.mu.Lock()
+	for _, e := range taken {
+		delete(s.mu.inflight, e.Start)
+		if ferr := s.mu.alloc.free(e); ferr != nil {
+			s.log.WithError(ferr).Error("returning blocks after preparing the backing")
+		}
+	}
+	s.mu.Unlock()
+	s.stats.PreparedBytes.Add(written)
+	if err != nil {
+		s.stats.Errors.Add(1)
+		s.log.WithError(err).Warn("writing the store file ahead of first writes failed; writing without")
+	}
 }
 
 // grows reports whether a write ending at end grows the disk.

@@ -321,17 +321,19 @@ func TestPlanOnMemory(t *testing.T) {
 	pl.Abort()
 }
 
-// TestPlanWritePreparesBacking: the first write into a chunk of a sparse
-// store file that no write has used yet makes the host file system
-// allocate the whole chunk (backend.Preparer), so later first writes there
-// are overwrites for it. PlanWrite, which must not block, declines that
-// first write; WriteAt prepares and writes; then PlanWrite plans the next
-// hole in the chunk.
+// TestPlanWritePreparesBacking: the first write into a chunk of a store
+// file that no write has used since the store was opened prepares it
+// (backend.Preparer): zeros over every free block of the chunk, so later
+// first writes there are overwrites for the host file system. PlanWrite,
+// which must not block, declines that first write; WriteAt prepares and
+// writes; then PlanWrite plans the next hole in the chunk. Blocks in use
+// when a chunk is prepared keep their bytes: after a reopen (every chunk
+// unprepared again) a new disk's first write prepares the chunk holding
+// the first disk's data, which must read back the same.
 func TestPlanWritePreparesBacking(t *testing.T) {
 	path, s := newFileStore(t, 4*backend.PrepareChunk, FormatOptions{JournalSize: 1 << 20})
-	defer s.Close()
+	defer func() { s.Close() }()
 	h := mustCreate(t, s, "a", 64<<20)
-	defer h.Close()
 	var st unix.Stat_t
 	used := func() int64 {
 		t.Helper()
@@ -350,13 +352,20 @@ func TestPlanWritePreparesBacking(t *testing.T) {
 	if free := s.Info().FreeBlocks; free != freeBefore {
 		t.Fatalf("the declined plan kept blocks: %d free, want %d", free, freeBefore)
 	}
-	if _, err := h.WriteAt(p, 0); err != nil {
+	data := randomBytes(9, 8<<20)
+	if _, err := h.WriteAt(data, 0); err != nil {
 		t.Fatal(err)
 	}
 	if grew := used() - before; grew < backend.PrepareChunk/2 {
 		t.Errorf("the store file grew by %d bytes on the first write, want a prepared chunk (%d)", grew, backend.PrepareChunk)
 	}
-	if !h.PlanWrite(&pl, p, 1<<20, 8) {
+	if got := s.Counters().PreparedBytes; got < backend.PrepareChunk/2 {
+		t.Errorf("PreparedBytes %d after preparing a chunk", got)
+	}
+	if free := s.Info().FreeBlocks; free != freeBefore-uint64(len(data))/4096 {
+		t.Errorf("after the preparation %d blocks free, want %d", free, freeBefore-uint64(len(data))/4096)
+	}
+	if !h.PlanWrite(&pl, p, 16<<20, 8) {
 		t.Fatal("PlanWrite declined a hole in a prepared chunk")
 	}
 	for i := range pl.IOs {
@@ -365,6 +374,24 @@ func TestPlanWritePreparesBacking(t *testing.T) {
 		}
 	}
 	pl.Finish()
+	h.Close()
+
+	// Reopen: a's chunk is unprepared again and holds a's data.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if s, err = OpenPath(path, testOptions()); err != nil {
+		t.Fatal(err)
+	}
+	b := mustCreate(t, s, "b", 64<<20)
+	if _, err := b.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if got := readAll(t, s, "a"); !bytes.Equal(got[:len(data)], data) {
+		t.Fatal("a's data changed when a write of b's prepared the chunk")
+	}
 	if rep := s.Check(); !rep.Clean() {
 		t.Fatalf("check: %v", rep.Findings)
 	}

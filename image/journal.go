@@ -251,7 +251,11 @@ func (s *Store) releaseLockedCommit(q []pext) {
 		merged = append(merged, pext{Start: f.Start, Len: f.Len})
 	}
 	for _, e := range merged {
-		err := s.be.Discard(s.dataOff+int64(e.Start*s.bs), int64(e.Len*s.bs))
+		off, n := s.discardRange(e)
+		if n == 0 {
+			continue
+		}
+		err := s.be.Discard(off, n)
 		if err == nil {
 			s.stats.Discards.Add(1)
 		} else if !errors.Is(err, backend.ErrUnsupported) {
@@ -421,4 +425,21 @@ func (s *Store) replayFree(unmapped []blockmap.Extent, bad func(string, ...any))
 			}
 		}
 	}
+}
+
+// discardRange is the byte range of the backing to discard for the freed
+// blocks e: all of them, except on a backing whose chunks are prepared
+// ahead of first writes (backend.Preparer, a store file), where only the
+// whole chunks inside e are: a hole punched in a chunk in use would make
+// the host file system allocate again under a later first write there,
+// and preparing the chunk again would write zeros over all of its free
+// blocks. So a store file gives space back to its host file system in
+// chunks, as whole chunks come free.
+func (s *Store) discardRange(e pext) (off, n int64) {
+	off, end := s.dataOff+int64(e.Start*s.bs), s.dataOff+int64(e.end()*s.bs)
+	if p, ok := s.be.(backend.Preparer); ok {
+		chunk := p.PrepareChunk()
+		off, end = (off+chunk-1)/chunk*chunk, end/chunk*chunk
+	}
+	return off, max(end-off, 0)
 }

@@ -79,6 +79,7 @@ type Store struct {
 	opts       Options
 	bs         uint64 // block size in bytes
 	dataOff    int64  // byte offset of data block 0
+	dataEnd    int64  // byte offset just past the last data block
 	journalLen int64
 	uuid       [16]byte
 	pool       *coalesce.Pool
@@ -87,6 +88,12 @@ type Store struct {
 	// openFindings are problems found while opening (a bad superblock
 	// copy, a broken journal); Check reports them first.
 	openFindings []Finding
+
+	// prepMu serializes the preparation of the backing's chunks
+	// (prepareChunk): one chunk at a time, so two writers into the same
+	// new chunk prepare it once. Held while zeros are written; taken
+	// before mu, never while holding it.
+	prepMu sync.Mutex
 
 	commitMu sync.Mutex
 	// Guarded by commitMu:
@@ -343,6 +350,7 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 		opts:         opts,
 		bs:           uint64(sb.BlockSize),
 		dataOff:      int64(sb.DataOff),
+		dataEnd:      int64(sb.DataOff + sb.DataBlocks*uint64(sb.BlockSize)),
 		journalLen:   int64(sb.JournalLen),
 		uuid:         sb.UUID,
 		pool:         coalesce.NewPool(maxRunBytes),

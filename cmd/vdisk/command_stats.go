@@ -88,6 +88,7 @@ func printStats(w io.Writer, st *telemetry.Stats) {
 	fmt.Fprintf(tw, "backend out\twrite\t%d\t%s\t%s\t%s\n", c.DataWrites, formatSize(int64(c.DataWriteBytes)), avg(c.DataWriteBytes, c.DataWrites), ms(h["data_write_latency_seconds"]))
 	fmt.Fprintf(tw, "backend out\tflush\t%d\t\t\t%s\n", c.Flushes, ms(h["flush_latency_seconds"]))
 	fmt.Fprintf(tw, "backend out\tdiscard\t%d\t\t\t\n", c.Discards)
+	fmt.Fprintf(tw, "backend out\tprepare\t\t%s\t\t\n", formatSize(int64(c.PreparedBytes)))
 	fmt.Fprintf(tw, "backend out\tmetadata\t%d\t%s\t\t\n", c.MetaWrites, formatSize(int64(c.MetaWriteBytes)))
 	fmt.Fprintf(tw, "backend out\terrors\t%d\t\t\t\n", c.Errors)
 	fmt.Fprintf(tw, "journal\tcommits\t%d\t%s\t\t%s\n", c.Commits, formatSize(int64(c.JournalBytes)), ms(h["journal_commit_latency_seconds"]))

@@ -3,7 +3,6 @@ package backend
 import (
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -12,8 +11,7 @@ import (
 // Open.
 type File struct {
 	direct
-	prepared  chunkSet    // chunks allocated ahead (Prepare), cleared by Discard
-	noPrepare atomic.Bool // the host file system cannot allocate ahead
+	prepared chunkSet // chunks written ahead (Preparer), cleared by Discard
 }
 
 func newFile(fd int, path string, st *unix.Stat_t, readOnly bool) (*File, error) {

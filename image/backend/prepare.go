@@ -1,44 +1,39 @@
 package backend
 
-import (
-	"errors"
-	"sync/atomic"
-
-	"golang.org/x/sys/unix"
-)
+import "sync/atomic"
 
 // A Preparer is a backend on which the first write into a range costs far
-// more than a later one, and which can take that cost ahead of time, for
-// a whole chunk at once: a regular file on a host file system. A direct
-// write into a hole of a file makes ext4 or XFS allocate blocks under the
-// file's lock held exclusively (every other write to the file waits), and
-// on an io_uring it cannot be issued without blocking, so the kernel hands
-// it to a worker thread. Allocated ahead (fallocate: unwritten extents,
-// which read as zeros), the same write is an overwrite: issued at once,
-// under the shared lock, with only the conversion of the extent to written
-// left at its completion.
+// more than a later one: a regular file on a host file system. A direct
+// write into a hole of a file makes ext4 or XFS allocate a block, or, in a
+// range allocated ahead with fallocate, convert an unwritten extent, under
+// a journal transaction of its own (measured here: three to four times
+// the kernel time of an overwrite, per 4 KiB write; on an io_uring an
+// allocating write cannot be issued without blocking, so the kernel hands
+// it to a worker thread that runs such writes to one file one at a time).
+// An overwrite of written blocks needs none of that.
 //
-// The store prepares the chunks that hold the blocks it hands out before
-// their first write (image: allocHoles). Preparation never changes what
-// any byte reads; it is only about speed, so an error or a stale answer
-// never affects correctness: at worst a write pays the allocation itself.
+// The backing is divided into chunks of PrepareChunk bytes (aligned to
+// offsets of the backing). The store prepares a chunk before it first
+// writes into it: it writes zeros, in large writes, over every block of
+// the chunk that no one uses (image: Store.prepareChunk), and then marks
+// the chunk prepared. Preparation never changes what a used block holds,
+// and whether a chunk is marked only decides speed, never correctness.
 type Preparer interface {
-	// Prepared reports whether every chunk holding [off, off+n) has been
-	// prepared since the backend was opened (and not discarded since).
-	// It never blocks, so a thread that must not block may ask.
-	Prepared(off, n int64) bool
-	// Prepare allocates the chunks holding [off, off+n) in the host file
-	// system, waiting for it. An error (the host file system is full, or
-	// cannot allocate ahead) leaves the range as it was.
-	Prepare(off, n int64) error
+	// PrepareChunk is the chunk size in bytes: a multiple of SectorSize.
+	PrepareChunk() int64
+	// Prepared reports whether chunk c (bytes [c*PrepareChunk, +PrepareChunk))
+	// has been marked since open and not discarded since. It never
+	// blocks, so a thread that must not block may ask.
+	Prepared(c int64) bool
+	// MarkPrepared records that every block of chunk c has been written.
+	MarkPrepared(c int64)
 }
 
 var _ Preparer = (*File)(nil)
 
-// PrepareChunk is the unit in which a File allocates its host file ahead
-// of writes, aligned to offsets in the file: a store file grows on its
-// host file system 64 MiB at a time as its blocks are first used (so its
-// host extents are large too), instead of one block per first write.
+// PrepareChunk is the chunk size of a File: a store file is written ahead
+// on its host file system 64 MiB at a time as its blocks are first used (so
+// its host extents are large too), instead of one block per first write.
 const PrepareChunk = 64 << 20
 
 // chunkSet is a set of chunk numbers, safe for concurrent use: one bit per
@@ -79,41 +74,20 @@ func (c *chunkSet) remove(lo, hi int64) {
 	}
 }
 
-// Prepared reports whether the chunks holding [off, off+n) were allocated
-// ahead since open. Always true when the host file system cannot allocate
-// ahead (the store then writes without preparing).
-func (f *File) Prepared(off, n int64) bool {
-	if f.noPrepare.Load() || n <= 0 {
-		return true
-	}
-	return f.prepared.all(chunks(off, n))
-}
+// PrepareChunk is 64 MiB (the constant PrepareChunk).
+func (f *File) PrepareChunk() int64 { return PrepareChunk }
 
-// Prepare allocates the chunks holding [off, off+n) with fallocate (mode
-// 0: holes become unwritten extents, data stays as it is; the file keeps
-// its size). A file system without fallocate turns preparation off.
-func (f *File) Prepare(off, n int64) error {
-	if f.Prepared(off, n) {
-		return nil
-	}
-	lo, hi := chunks(off, n)
-	start, end := lo*PrepareChunk, min(hi*PrepareChunk, f.size)
-	err := f.withFD(func(fd int) error { return fallocate(fd, 0, start, end-start) })
-	if errors.Is(err, unix.EOPNOTSUPP) {
-		f.noPrepare.Store(true)
-		return nil
-	}
-	if err != nil {
-		return f.opError("prepare", start, end-start, err)
-	}
-	f.prepared.add(lo, hi)
-	return nil
-}
+// Prepared reports whether chunk c was marked since open and not punched
+// since.
+func (f *File) Prepared(c int64) bool { return f.prepared.all(c, c+1) }
+
+// MarkPrepared marks chunk c.
+func (f *File) MarkPrepared(c int64) { f.prepared.add(c, c+1) }
 
 // unprepare forgets the chunks holding [off, off+n): a hole was punched
-// there, after which a write into it would allocate again. A Prepare
-// racing with the punch can leave a chunk marked prepared with the hole
-// in it: a write there then pays the allocation itself, slow but correct.
+// there, so a write into it would allocate again. It runs after the
+// punch; a chunk the store marks at the same time as a punch in it can
+// stay marked with the hole, which costs that write its speed only.
 func (f *File) unprepare(off, n int64) {
 	f.prepared.remove(chunks(off, n))
 }
