@@ -39,6 +39,7 @@ var (
 	dFlushes         = desc("backend_flushes_total", "Backend flushes (cache flush / fdatasync).")
 	dFlushLatency    = desc("backend_flush_latency_seconds", "Latency of backend flushes.")
 	dDiscards        = desc("backend_discards_total", "Discards passed down for freed blocks.")
+	dPreparedBytes   = desc("backend_prepared_bytes_total", "Zeros written over free blocks of a store file ahead of their first use, so that first writes are overwrites for its host file system.")
 	dCommits         = desc("journal_commits_total", "Journal commits written.")
 	dJournalBytes    = desc("journal_bytes_total", "Journal bytes written.")
 	dCommitLatency   = desc("journal_commit_latency_seconds", "Latency of a whole commit (flush, write, flush).")
@@ -57,7 +58,7 @@ var (
 
 var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
 	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
-	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
+	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dPreparedBytes, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
 	dCapacity, dFree, dLargestFree, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dStoreFailed}
 
 // Describe implements prometheus.Collector.
@@ -112,6 +113,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dFlushes, k.Flushes)
 	hist(dFlushLatency, "flush_latency_seconds")
 	counter(dDiscards, k.Discards)
+	counter(dPreparedBytes, k.PreparedBytes)
 	counter(dCommits, k.Commits)
 	counter(dJournalBytes, k.JournalBytes)
 	hist(dCommitLatency, "journal_commit_latency_seconds")
