@@ -77,6 +77,15 @@
 // as a write into holes: new blocks, then the map, then the old blocks
 // through the quarantine.
 //
+// On a store file the host file system's own cost of a first write is
+// taken ahead, a chunk at a time (backend.Preparer): before a chunk of the
+// file first holds new blocks, zeros are written over its free blocks in
+// large writes (Store.prepareChunk), so every later first write there is
+// an overwrite for ext4 or XFS, not an allocation under the file's lock.
+// Only blocks the allocator holds free, taken for the while, are written;
+// what a free block holds is never read. Freed blocks are punched out of
+// the file only in whole chunks (Store.discardRange).
+//
 // A block-aligned request whose buffer is 4 KiB aligned in memory (what
 // go-fuse hands over) goes to O_DIRECT without a copy; anything else goes
 // through one pooled aligned buffer, with at most two read-modify-write
@@ -87,14 +96,14 @@
 // Store and Disk methods are safe for concurrent use. Locks, always taken
 // in this order (see Store for what each guards):
 //
-//	disk range lock → Store.commitMu → Store.cut → disk.mu → Store.mu
+//	disk range lock → Store.prepMu → Store.commitMu → Store.cut → disk.mu → Store.mu
 //
 // Rename over an existing disk holds two disks' mu at once, the lower id
 // first.
 //
 // The range lock orders overlapping requests on one disk (shared for reads,
 // exclusive for writes, punches and truncates) and is the only lock held
-// across backend data I/O; an IOPlan (PlanRead, PlanWrite) holds it, taken
+// across backend data I/O (but for prepMu, across a preparation's zeros); an IOPlan (PlanRead, PlanWrite) holds it, taken
 // without waiting, while its caller's own I/O is in flight, from the plan
 // to Finish or Abort. commitMu is held across metadata I/O, which only
 // commits and checkpoints do. Store.cut is taken shared by every change of

@@ -17,6 +17,7 @@
 # each disk ended with. It prints every
 # round's MB/s and the daemon's CPU per GB written, then per workload the
 # median and range of the per-round ratio COW/holes.
+# WORKLOADS="randwrite-4k-qd32" runs only the named ones.
 # CONTROL=1 runs the same with hole2.raw, another disk of holes, in
 # src.raw's place: an A/A run whose ratios show how far the host alone
 # moves them.
@@ -56,7 +57,7 @@ run() { # run WORKLOAD DISK GIB PID OUT
 	after=$(cpu "$4")
 	echo $((after - before)) >"${5%.json}.cpu"
 }
-workloads=(write-1m-qd16 randwrite-4k-qd32)
+read -ra workloads <<<"${WORKLOADS:-write-1m-qd16 randwrite-4k-qd32}"
 for r in $(seq 1 "$rounds"); do
 	for w in "${workloads[@]}"; do
 		gib=$seq_gib
