@@ -286,14 +286,28 @@ func (s *Server) InvalidateDisk(name string) error {
 // yet are not in the snapshot (every other write reaches the store before
 // it is acknowledged): like a snapshot of a disk, it is crash-consistent.
 func (s *Server) Snapshot(src, name string) (image.DiskInfo, error) {
-	info, err := s.vfs.store.Snapshot(src, name)
-	if err != nil {
-		return image.DiskInfo{}, err
+	return s.showNew("snapshot", name)(s.vfs.store.Snapshot(src, name))
+}
+
+// Clone makes name, a writable disk sharing every block of the disk src
+// (image.Store.Clone, taken in one step as a snapshot is), and shows it in
+// the mount at once, as Snapshot does.
+func (s *Server) Clone(src, name string) (image.DiskInfo, error) {
+	return s.showNew("clone", name)(s.vfs.store.Clone(src, name))
+}
+
+// showNew returns what tells the kernel of name, a disk just made, once
+// the call that made it succeeded.
+func (s *Server) showNew(what, name string) func(image.DiskInfo, error) (image.DiskInfo, error) {
+	return func(info image.DiskInfo, err error) (image.DiskInfo, error) {
+		if err != nil {
+			return image.DiskInfo{}, err
+		}
+		if err := s.InvalidateDisk(name); err != nil {
+			s.log.WithError(err).WithField("disk", name).Warn(what + " made, but the kernel was not told of its name; it shows once the entry times out")
+		}
+		return info, nil
 	}
-	if err := s.InvalidateDisk(name); err != nil {
-		s.log.WithError(err).WithField("disk", name).Warn("snapshot taken, but the kernel was not told of its name; it shows once the entry times out")
-	}
-	return info, nil
 }
 
 // Diff lists where the disk new differs from the disk old (image.Diff),

@@ -74,17 +74,34 @@ func (d *disk) readOnly() error {
 // ones while it maps (O(extents), no data I/O). The snapshot has src's
 // size, mode and owner; its origin is src.
 func (s *Store) Snapshot(src, name string) (DiskInfo, error) {
-	info, err := s.snapshot(src, name)
+	return s.shareWhole("snapshot", src, name, diskFlagSnapshot)
+}
+
+// Clone makes a writable disk called name that shares every block of the
+// disk src, taken and committed as Snapshot takes a snapshot: what
+// `cp src name` on a mount makes when the copy can be shared, but in one
+// step, for any disk, holes and all (coreutils copies the data of a disk
+// with holes itself, FICLONE cannot cross FUSE). Its origin is src, as a
+// clone.
+func (s *Store) Clone(src, name string) (DiskInfo, error) {
+	return s.shareWhole("clone", src, name, diskFlagClone)
+}
+
+// shareWhole is Snapshot (flag diskFlagSnapshot) and Clone (diskFlagClone).
+func (s *Store) shareWhole(what, src, name string, flag uint32) (DiskInfo, error) {
+	info, err := s.snapshot(src, name, flag)
 	if err != nil {
-		return DiskInfo{}, fmt.Errorf("snapshot %q as %q: %w", src, name, err)
+		return DiskInfo{}, fmt.Errorf("%s %q as %q: %w", what, src, name, err)
 	}
 	if err := s.Commit(); err != nil {
-		return DiskInfo{}, fmt.Errorf("snapshot %q as %q: %w", src, name, err)
+		return DiskInfo{}, fmt.Errorf("%s %q as %q: %w", what, src, name, err)
 	}
 	return info, nil
 }
 
-func (s *Store) snapshot(srcName, name string) (DiskInfo, error) {
+// snapshot makes name, a disk sharing every block of srcName, with flag
+// (diskFlagSnapshot or diskFlagClone) in its flags record.
+func (s *Store) snapshot(srcName, name string, flag uint32) (DiskInfo, error) {
 	if err := ValidateName(name); err != nil {
 		return DiskInfo{}, err
 	}
@@ -118,10 +135,10 @@ func (s *Store) snapshot(srcName, name string) (DiskInfo, error) {
 	id := s.mu.nextID
 	s.mu.nextID++
 	d := s.newDisk(id, name, attr)
-	d.flags.Store(diskFlagSnapshot)
+	d.flags.Store(flag)
 	d.origin = src.id
 	if _, err := rand.Read(d.uuid[:]); err != nil {
-		return DiskInfo{}, fmt.Errorf("snapshot identity: %w", err)
+		return DiskInfo{}, fmt.Errorf("disk identity: %w", err)
 	}
 	d.m = src.m.Clone()
 	s.shareLockedMu(d, src)
@@ -130,7 +147,7 @@ func (s *Store) snapshot(srcName, name string) (DiskInfo, error) {
 	s.mu.names[name] = d
 	recs := []record{
 		{Type: recCreate, ID: id, Attr: attr, Name: name},
-		{Type: recFlags, ID: id, Flags: diskFlagSnapshot, Src: src.id, UUID: d.uuid},
+		{Type: recFlags, ID: id, Flags: flag, Src: src.id, UUID: d.uuid},
 	}
 	if blocks := coalesce.RoundUp(uint64(attr.Size), s.bs) / s.bs; blocks > 0 {
 		recs = append(recs, record{Type: recClone, ID: id, Src: src.id, Virt: 0, SrcVirt: 0, Len: blocks})

@@ -336,7 +336,7 @@ func benchSnapshot(b *testing.B, s *Store, cb *countingBackend, extents int) {
 		cb.take(s)
 		b.StartTimer()
 		t0 := time.Now()
-		if _, err := s.snapshot("src.raw", name); err != nil {
+		if _, err := s.snapshot("src.raw", name, diskFlagSnapshot); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()

@@ -450,3 +450,65 @@ func TestFreeBlocksWithSharedDrops(t *testing.T) {
 		t.Errorf("after the commit: %d free blocks, want %d", got, free)
 	}
 }
+
+// TestClone: Store.Clone makes a writable disk sharing every block of a
+// disk with holes, in one step and with no data I/O; writes to either side
+// leave the other as it was, holes stay holes, and the clone survives a
+// reopen as a clone of its origin; Check stays clean.
+func TestClone(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	s := ms.s
+	a := mustCreate(t, s, "a", 16<<20)
+	v1 := randomBytes(3, 2<<20)
+	mustWrite(t, a, v1, 4<<20) // the rest of a is holes
+	before := s.Counters()
+	info, err := s.Clone("a", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := s.Counters(); after.DataWriteBytes != before.DataWriteBytes {
+		t.Errorf("the clone wrote %d data bytes", after.DataWriteBytes-before.DataWriteBytes)
+	}
+	if st, _ := s.Stat("b"); !info.Clone || !st.Clone || st.Snapshot || st.Origin != "a" || st.Size != 16<<20 || st.Shared != 2<<20 || st.Allocated != 2<<20 {
+		t.Errorf("b: %+v", st)
+	}
+	if _, err := s.Clone("a", "b"); !errors.Is(err, ErrExist) {
+		t.Errorf("clone onto an existing name: %v", err)
+	}
+	if _, err := s.Clone("missing", "x"); !errors.Is(err, ErrNotExist) {
+		t.Errorf("clone of a missing disk: %v", err)
+	}
+	b, err := s.OpenDisk("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, b, randomBytes(4, 1<<20), 4<<20)     // over shared blocks
+	mustWrite(t, b, randomBytes(5, 1<<20), 12<<20)    // into a hole
+	mustWrite(t, a, randomBytes(6, 4096), 5<<20+4096) // the origin changes too
+	wantA := make([]byte, 16<<20)
+	copy(wantA[4<<20:], v1)
+	copy(wantA[5<<20+4096:], randomBytes(6, 4096))
+	wantB := make([]byte, 16<<20)
+	copy(wantB[4<<20:], v1)
+	copy(wantB[4<<20:], randomBytes(4, 1<<20))
+	copy(wantB[12<<20:], randomBytes(5, 1<<20))
+	check := func(when string) {
+		t.Helper()
+		for name, want := range map[string][]byte{"a": wantA, "b": wantB} {
+			if got := readAll(t, ms.s, name); !bytes.Equal(got, want) {
+				t.Errorf("%s: disk %s differs", when, name)
+			}
+		}
+		if rep := ms.s.Check(); !rep.Clean() {
+			t.Errorf("%s: check: %v", when, rep.Findings)
+		}
+	}
+	check("after writes to both")
+	a.Close()
+	b.Close()
+	ms.reopen()
+	check("after a reopen")
+	if got, _ := ms.s.Stat("b"); !got.Clone || got.Origin != "a" {
+		t.Errorf("after a reopen b is clone %v of %q", got.Clone, got.Origin)
+	}
+}

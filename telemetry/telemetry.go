@@ -3,7 +3,8 @@
 // always, on a per-mount Unix socket that `vdisk stats MNT` reads, so that
 // stats need no flags at mount time. The socket also takes the few requests
 // an operator makes of a running mount (`vdisk sync MNT`: POST /sync;
-// `vdisk snapshot MNT/DISK NAME`: POST /snapshot); the TCP listener never
+// `vdisk snapshot MNT/DISK NAME` and `vdisk clone MNT/DISK NAME`: POST
+// /snapshot; diff, send and receive); the TCP listener never
 // does: it has no authentication, and these change the store.
 //
 // Every figure comes from image.Store.Metrics (requests, map, coalescer,
@@ -58,6 +59,9 @@ type Controller interface {
 	// disk, holding every write acknowledged before the call, durable
 	// and visible in the mount when it returns (fs.Server.Snapshot).
 	Snapshot(disk, name string) (image.DiskInfo, error)
+	// Clone makes a writable disk called name sharing every block of the
+	// disk called disk, taken as a snapshot is (fs.Server.Clone).
+	Clone(disk, name string) (image.DiskInfo, error)
 	// Diff lists where the disk new differs from the disk old
 	// (image.Diff).
 	Diff(old, new string) ([]image.Change, image.DiffStats, error)
@@ -71,8 +75,9 @@ type Controller interface {
 
 // SnapshotRequest is the body of POST /snapshot.
 type SnapshotRequest struct {
-	Disk string `json:"disk"` // the disk to snapshot
-	Name string `json:"name"` // the snapshot's name, a new disk
+	Disk  string `json:"disk"`  // the disk to snapshot
+	Name  string `json:"name"`  // the snapshot's name, a new disk
+	Clone bool   `json:"clone"` // a writable clone instead (vdisk clone)
 }
 
 // SnapshotReply is the answer of POST /snapshot: the new disk.
@@ -178,7 +183,7 @@ func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allow
 
 // withControl adds ctl's requests to h: POST /sync answers 204 once the
 // store is committed, or 500 with the error; POST /snapshot (a
-// SnapshotRequest) answers 201 with a SnapshotReply once the snapshot is
+// SnapshotRequest: a snapshot, or a clone) answers 201 with a SnapshotReply once the snapshot is
 // durable, or the error with a status that says whose fault it is
 // (statusOf).
 func withControl(h http.Handler, ctl Controller) http.Handler {
@@ -197,7 +202,11 @@ func withControl(h http.Handler, ctl Controller) http.Handler {
 			http.Error(w, "snapshot request: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		info, err := ctl.Snapshot(req.Disk, req.Name)
+		take := ctl.Snapshot
+		if req.Clone {
+			take = ctl.Clone
+		}
+		info, err := take(req.Disk, req.Name)
 		if err != nil {
 			http.Error(w, err.Error(), statusOf(err))
 			return
@@ -336,11 +345,21 @@ func Sync(mountpoint string) error {
 // matches image.ErrNotExist, a name in use image.ErrExist, a bad name
 // image.ErrInvalidName (errors.Is).
 func Snapshot(mountpoint, disk, name string) (SnapshotReply, error) {
+	return shareWhole(SnapshotRequest{Disk: disk, Name: name}, mountpoint)
+}
+
+// Clone asks the mount at mountpoint to clone its disk called disk as
+// name (a writable disk sharing every block), as Snapshot does.
+func Clone(mountpoint, disk, name string) (SnapshotReply, error) {
+	return shareWhole(SnapshotRequest{Disk: disk, Name: name, Clone: true}, mountpoint)
+}
+
+func shareWhole(req SnapshotRequest, mountpoint string) (SnapshotReply, error) {
 	c, abs, sock, err := client(mountpoint, 0)
 	if err != nil {
 		return SnapshotReply{}, err
 	}
-	body, err := json.Marshal(SnapshotRequest{Disk: disk, Name: name})
+	body, err := json.Marshal(req)
 	if err != nil {
 		return SnapshotReply{}, err
 	}
@@ -354,7 +373,7 @@ func Snapshot(mountpoint, disk, name string) (SnapshotReply, error) {
 	}
 	var rep SnapshotReply
 	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
-		return SnapshotReply{}, fmt.Errorf("snapshot reply of %s: %w", abs, err)
+		return SnapshotReply{}, fmt.Errorf("reply of %s: %w", abs, err)
 	}
 	return rep, nil
 }

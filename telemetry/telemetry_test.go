@@ -31,6 +31,9 @@ func (s storeSource) Sync() error                                   { return s.s
 func (s storeSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return s.s.Snapshot(disk, name)
 }
+func (s storeSource) Clone(disk, name string) (image.DiskInfo, error) {
+	return s.s.Clone(disk, name)
+}
 func (s storeSource) Diff(old, new string) ([]image.Change, image.DiffStats, error) {
 	od, err := s.s.OpenDisk(old)
 	if err != nil {

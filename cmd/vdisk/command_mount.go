@@ -59,6 +59,12 @@ func (m mountSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return m.srv.Snapshot(disk, name)
 }
 
+// Clone is `vdisk clone MOUNTPOINT/DISK NAME`, shown in the mount when it
+// returns.
+func (m mountSource) Clone(disk, name string) (image.DiskInfo, error) {
+	return m.srv.Clone(disk, name)
+}
+
 // Diff, Send and Receive are `vdisk diff`, `send` and `receive` given a
 // mounted disk (fs.Server's).
 func (m mountSource) Diff(old, new string) ([]image.Change, image.DiffStats, error) {

@@ -30,37 +30,40 @@ mounted (use the mount's form then).
 
 A snapshot cannot be written: opens for writing, truncate and fallocate fail
 with EROFS ("Read-only file system"); chmod, chown and touch work, and so do
-rename and rm. "cp NAME COPY" on the mount makes a writable clone that also
-shares the blocks. vdisk ls shows each disk's origin and its exclusive and
+rename and rm. "vdisk clone" of it, or "cp NAME COPY" on the mount, makes a
+writable clone that also shares the blocks. vdisk ls shows each disk's origin and its exclusive and
 shared bytes. The first snapshot or clone makes a store format version 2
 (see vdisk upgrade).`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 2 && len(args) != 3 {
-				return fmt.Errorf("%s takes 2 arguments (MOUNTPOINT/DISK NAME) or 3 (STORE DISK NAME), got %d", cmd.CommandPath(), len(args))
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 2 {
-				return snapshotMounted(e, args[0], args[1])
-			}
-			return snapshotOffline(e, args[0], args[1], args[2])
-		},
+		Args: shareArgs,
+		RunE: shareRun(e, snapshotKind),
 	}
 }
 
-// snapshotMounted asks the daemon serving the mount that holds path (a
-// disk file) to take the snapshot, through the mount's socket.
-func snapshotMounted(e *env, path, name string) error {
+// shareKind is what snapshot and clone differ in.
+type shareKind struct {
+	verb    string // the command: snapshot, clone
+	what    string // for its output: "read-only, shares every block"
+	mounted func(mountpoint, disk, name string) (telemetry.SnapshotReply, error)
+	offline func(s *image.Store, disk, name string) (image.DiskInfo, error)
+}
+
+var (
+	snapshotKind = shareKind{"snapshot", "read-only, shares every block", telemetry.Snapshot, (*image.Store).Snapshot}
+	cloneKind    = shareKind{"clone", "writable, shares every block", telemetry.Clone, (*image.Store).Clone}
+)
+
+// shareMounted asks the daemon serving the mount that holds path (a disk
+// file) to take the snapshot or clone, through the mount's socket.
+func shareMounted(e *env, k shareKind, path, name string) error {
 	mnt, disk, err := mountedDisk(path)
 	if err != nil {
-		return usageErrorf("%v; for a store that is not mounted: vdisk snapshot STORE DISK NAME", err)
+		return usageErrorf("%v; for a store that is not mounted: vdisk %s STORE DISK NAME", err, k.verb)
 	}
-	rep, err := telemetry.Snapshot(mnt, disk, name)
+	rep, err := k.mounted(mnt, disk, name)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "snapshot %s of %s taken: %s, read-only, shares every block (%s)\n", rep.Name, disk, formatSize(rep.Size), filepath.Join(mnt, rep.Name))
+	fmt.Fprintf(e.stdout, "%s %s of %s taken: %s, %s (%s)\n", k.verb, rep.Name, disk, formatSize(rep.Size), k.what, filepath.Join(mnt, rep.Name))
 	return nil
 }
 
@@ -81,22 +84,64 @@ func mountedDisk(path string) (mnt, disk string, err error) {
 	return mnt, disk, nil
 }
 
-// snapshotOffline takes the snapshot in a store that is not mounted.
-func snapshotOffline(e *env, store, disk, name string) (err error) {
-	s, err := e.openStore(store, "snapshot", false)
+// shareOffline takes the snapshot or clone in a store that is not
+// mounted.
+func shareOffline(e *env, k shareKind, store, disk, name string) (err error) {
+	s, err := e.openStore(store, k.verb, false)
 	if err != nil {
 		if mnt, ok := mountedAt(store); ok && errors.Is(err, backend.ErrLocked) {
-			return fmt.Errorf("%w\n%s is mounted at %s: take the snapshot there: vdisk snapshot %s %s", err, store, mnt, filepath.Join(mnt, disk), name)
+			return fmt.Errorf("%w\n%s is mounted at %s: take the %s there: vdisk %s %s %s", err, store, mnt, k.verb, k.verb, filepath.Join(mnt, disk), name)
 		}
 		return err
 	}
 	defer e.closeStore(s, &err)
-	info, err := s.Snapshot(disk, name)
+	info, err := k.offline(s, disk, name)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "snapshot %s of %s taken: %s, read-only, shares every block\n", info.Name, disk, formatSize(info.Size))
+	fmt.Fprintf(e.stdout, "%s %s of %s taken: %s, %s\n", k.verb, info.Name, disk, formatSize(info.Size), k.what)
 	return nil
+}
+
+// shareArgs checks the arguments of snapshot and clone.
+func shareArgs(cmd *cobra.Command, args []string) error {
+	if len(args) != 2 && len(args) != 3 {
+		return fmt.Errorf("%s takes 2 arguments (MOUNTPOINT/DISK NAME) or 3 (STORE DISK NAME), got %d", cmd.CommandPath(), len(args))
+	}
+	return nil
+}
+
+// shareRun runs snapshot or clone with its 2 or 3 arguments.
+func shareRun(e *env, k shareKind) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == 2 {
+			return shareMounted(e, k, args[0], args[1])
+		}
+		return shareOffline(e, k, args[0], args[1], args[2])
+	}
+}
+
+func newCloneCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "clone MOUNTPOINT/DISK NAME | STORE DISK NAME",
+		Short: "Make a writable copy of a disk that shares all its blocks",
+		Long: `Clone makes NAME, a new writable disk that shares every block of DISK: no data
+is copied, it takes no space until either disk is written (each write then
+gives the written blocks their own copy), and it costs time in proportion
+to DISK's extents, not its size. It is what "cp DISK NAME" on the mount makes
+when coreutils hands the copy to the file system (copy_file_range), for any
+disk: coreutils 9.1 copies the data of a disk with holes itself, and FICLONE
+(cp --reflink) cannot cross FUSE.
+
+With two arguments, DISK is a disk of a mounted store (MOUNTPOINT/DISK), which
+may be in use: the clone is taken in one step against the writes in flight,
+as vdisk snapshot takes a snapshot, and is durable, and shows in the mount,
+when the command returns. With three arguments the store must not be
+mounted. vdisk ls shows NAME as a clone of DISK. The first clone or snapshot
+makes a store format version 2 (see vdisk upgrade).`,
+		Args: shareArgs,
+		RunE: shareRun(e, cloneKind),
+	}
 }
 
 func newUpgradeCmd(e *env) *cobra.Command {

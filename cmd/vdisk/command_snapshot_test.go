@@ -159,6 +159,71 @@ func TestSnapshotMounted(t *testing.T) {
 	}
 }
 
+// TestClone: vdisk clone makes a writable disk sharing every block of a
+// disk with holes, which cp of coreutils 9.1 would copy byte by byte: on
+// a mount (through its socket), where it shows at once and takes writes
+// that leave its origin alone, and offline; ls names it a clone; fsck is
+// clean.
+func TestClone(t *testing.T) {
+	store := newStore(t)
+	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
+	a := filepath.Join(mnt, "a.raw")
+	data := randomBytes(1<<20, 8)
+	f, err := os.Create(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(16 << 20); err != nil { // 15 MiB of holes around 1 MiB of data
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(data, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	want := fmt.Sprintf("clone b.raw of a.raw taken: 16 MiB, writable, shares every block (%s)\n", filepath.Join(mnt, "b.raw"))
+	if r := mustRun(t, "clone", a, "b.raw"); r.stdout != want {
+		t.Errorf("output %q, want %q", r.stdout, want)
+	}
+	orig := readFileT(t, a)
+	if got := readFileT(t, filepath.Join(mnt, "b.raw")); !bytes.Equal(got, orig) {
+		t.Fatal("the clone does not read as its origin")
+	}
+	b, err := os.OpenFile(filepath.Join(mnt, "b.raw"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatalf("open of the clone for writing: %v", err)
+	}
+	if _, err := b.WriteAt([]byte("the clone's own"), 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if got := readFileT(t, a); !bytes.Equal(got, orig) {
+		t.Error("a write to the clone changed its origin")
+	}
+	wantFail(t, exitFailure, []string{"already exists"}, "clone", a, "b.raw")
+	wantFail(t, exitFailure, []string{"locked", "is mounted at " + mnt, "vdisk clone " + a + " c.raw"}, "clone", store, "a.raw", "c.raw")
+	if err := unix.Unmount(mnt, 0); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-exit; res.code != 0 {
+		t.Fatalf("mount exited %d: %s", res.code, res.stderr)
+	}
+	if d := diskByName(t, store, "b.raw"); d.Snapshot || !d.Clone || d.Origin != "a.raw" || d.Size != 16<<20 || d.Shared != 1<<20-4096 {
+		t.Errorf("b.raw after unmount: %+v", d)
+	}
+	if r := mustRun(t, "clone", store, "b.raw", "c.raw"); r.stdout != "clone c.raw of b.raw taken: 16 MiB, writable, shares every block\n" {
+		t.Errorf("offline clone: output %q", r.stdout)
+	}
+	if d := diskByName(t, store, "c.raw"); !d.Clone || d.Origin != "b.raw" || d.Exclusive != 0 {
+		t.Errorf("c.raw: %+v", d)
+	}
+	if !strings.Contains(mustRun(t, "ls", store).stdout, "clone of b.raw") {
+		t.Error("ls does not name c.raw a clone of b.raw")
+	}
+	if res, code := fsckJSON(t, store); code != exitOK {
+		t.Fatalf("fsck: exit %d: %+v", code, res.Findings)
+	}
+}
+
 // Snapshot of a disk being written (issue 18's second must-show).
 //
 // Writers write generations of a known pattern to slots of a.raw with

@@ -24,6 +24,9 @@ func (s statsSource) Sync() error                                   { return s.s
 func (s statsSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return s.s.Snapshot(disk, name)
 }
+func (s statsSource) Clone(disk, name string) (image.DiskInfo, error) {
+	return s.s.Clone(disk, name)
+}
 func (s statsSource) Diff(old, new string) ([]image.Change, image.DiffStats, error) {
 	od, err := s.s.OpenDisk(old)
 	if err != nil {

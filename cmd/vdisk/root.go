@@ -122,6 +122,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newResizeCmd(e),
 		newRenameCmd(e),
 		newSnapshotCmd(e),
+		newCloneCmd(e),
 		newUpgradeCmd(e),
 		newImportCmd(e),
 		newExportCmd(e),
