@@ -214,7 +214,8 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 		}
 		start := len(sc.allocs)
 		var err error
-		if hasGoal { // the blocks aimed at are given after their chunk is prepared
+		small := sg.Len*s.bs < prepareBelow
+		if hasGoal && small { // the blocks aimed at are given after their chunk is prepared
 			err = s.prepareBacking([]pext{{Start: goal, Len: sg.Len}}, mayCommit)
 		}
 		if err == nil {
@@ -232,15 +233,25 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 		}
 		last := sc.allocs[len(sc.allocs)-1]
 		lastVirt, lastPhys, hasLast = v, last.end(), true
-	}
-	// Blocks given away from the goal may lie in a chunk not prepared yet.
-	if err := s.prepareBacking(sc.allocs, mayCommit); err != nil {
-		s.unallocate(sc.allocs)
-		sc.allocs = sc.allocs[:0]
-		return err
+		// Blocks given away from the goal may lie in a chunk not prepared yet.
+		if !small {
+			continue
+		}
+		if err := s.prepareBacking(sc.allocs[start:], mayCommit); err != nil {
+			s.unallocate(sc.allocs)
+			sc.allocs = sc.allocs[:0]
+			return err
+		}
 	}
 	return nil
 }
+
+// prepareBelow: only holes smaller than this are worth preparing the
+// backing for. A large first write pays the host file system's allocation
+// once for many blocks, and preparing its chunk would write every block
+// twice (zeros, then the data): a 1 MiB sequential stream into holes ran
+// 0.79× the pass-through with it, 1.06–1.30× without.
+const prepareBelow = 256 << 10
 
 // errUnprepared declines a plan that cannot wait (PlanWrite) whose new
 // blocks lie in a part of the backing not yet prepared: WriteAt prepares
