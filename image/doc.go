@@ -79,9 +79,11 @@
 //
 // On a store file the host file system's own cost of a first write is
 // taken ahead, a chunk at a time (backend.Preparer): before a chunk of the
-// file first holds new blocks, zeros are written over its free blocks in
-// large writes (Store.prepareChunk), so every later first write there is
-// an overwrite for ext4 or XFS, not an allocation under the file's lock.
+// file first holds new blocks of a small write (prepareBelow), zeros are
+// written over its free blocks in large writes (Store.prepareChunk), so
+// every later first write there is an overwrite for ext4 or XFS, not an
+// allocation under the file's lock. Large first writes allocate as they
+// go: preparing for them would write their blocks twice.
 // Only blocks the allocator holds free, taken for the while, are written;
 // what a free block holds is never read. Freed blocks are punched out of
 // the file only in whole chunks (Store.discardRange).
