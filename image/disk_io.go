@@ -315,14 +315,18 @@ func (s *Store) prepareChunk(p backend.Preparer, c int64) {
 	for _, e := range taken {
 		n += e.Len
 	}
-	if s.mu.alloc.freeBlocks < s.ckptReserveLockedMu()+n {
-		// Most of what is free is in this chunk: holding it for the
-		// while could fail other writes for space. Write without.
+	giveBack := func() { // caller holds s.mu
 		for _, e := range taken {
+			delete(s.mu.inflight, e.Start)
 			if err := s.mu.alloc.free(e); err != nil {
 				s.log.WithError(err).Error("returning blocks after preparing the backing")
 			}
 		}
+	}
+	if s.mu.alloc.freeBlocks < s.ckptReserveLockedMu()+n {
+		// Most of what is free is in this chunk: holding it for the
+		// while could fail other writes for space. Write without.
+		giveBack()
 		s.mu.Unlock()
 		return
 	}
@@ -346,12 +350,7 @@ func (s *Store) prepareChunk(p backend.Preparer, c int64) {
 	s.pool.Put(zeros)
 
 	s.mu.Lock()
-	for _, e := range taken {
-		delete(s.mu.inflight, e.Start)
-		if ferr := s.mu.alloc.free(e); ferr != nil {
-			s.log.WithError(ferr).Error("returning blocks after preparing the backing")
-		}
-	}
+	giveBack()
 	s.mu.Unlock()
 	s.stats.PreparedBytes.Add(written)
 	if err != nil {

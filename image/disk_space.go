@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 )
 
@@ -330,26 +329,7 @@ func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 		}
 	}
 	s.writeGen.Add(1)
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	before := d.m.Len()
-	recs := make([]record, 0, len(sc.allocs))
-	for _, sg := range sc.out {
-		if !isAllocated(sg, sc.allocs) {
-			continue
-		}
-		d.m.Insert(blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}, nil)
-		recs = append(recs, record{Type: recMap, ID: d.id, Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len})
-	}
-	s.mu.Lock()
-	s.mu.extents += d.m.Len() - before
-	for _, e := range sc.allocs {
-		delete(s.mu.inflight, e.Start)
-	}
-	s.appendLockedMu(recs...)
-	s.mu.Unlock()
+	d.publishWriteLockedRange(sc, 0) // maps and journals the new blocks; the size is Allocate's
 	return nil
 }
 

@@ -9,7 +9,7 @@ import "sync/atomic"
 // a journal transaction of its own (measured here: three to four times
 // the kernel time of an overwrite, per 4 KiB write; on an io_uring an
 // allocating write cannot be issued without blocking, so the kernel hands
-// it to a worker thread that runs such writes to one file one at a time).
+// it to an io-wq worker thread).
 // An overwrite of written blocks needs none of that.
 //
 // The backing is divided into chunks of PrepareChunk bytes (aligned to
