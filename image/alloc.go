@@ -412,6 +412,9 @@ func (s *Store) allocData(dst []pext, n, goal uint64, hasGoal, mayCommit bool) (
 			return dst, err
 		}
 		reserve := s.ckptReserveLockedMu()
+		if s.mu.alloc.freeBlocks < n+reserve && s.mu.reserved > 0 {
+			s.releaseUnitsLockedMu(nil, 0) // placement gives way to space
+		}
 		var err error
 		if s.mu.alloc.freeBlocks < n+reserve {
 			err = fmt.Errorf("need %d blocks, %d free (%d kept for metadata): %w", n, s.mu.alloc.freeBlocks, reserve, ErrNoSpace)

@@ -146,6 +146,7 @@ func (s *Store) deleteDiskLockedMu(d *disk, with ...record) {
 	s.mu.extents -= d.m.Len()
 	freed := d.m.Punch(0, ^uint64(0), nil)
 	d.deleted = true
+	s.releaseUnitsLockedMu(d, 0)
 	if s.mu.names[d.name] == d {
 		delete(s.mu.names, d.name)
 	}

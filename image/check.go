@@ -331,6 +331,9 @@ func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progres
 	for _, e := range s.mu.pend.quarantine {
 		refs = append(refs, ref{pext: e, kind: kindAwaiting})
 	}
+	for _, e := range s.reservedExtentsLockedMu() {
+		refs = append(refs, ref{pext: e, kind: "a disk's allocation unit"})
+	}
 	shared := s.mu.shared.Clone()
 	s.mu.Unlock()
 	sort.Slice(ds, func(i, j int) bool { return ds[i].id < ds[j].id })

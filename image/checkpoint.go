@@ -152,6 +152,10 @@ func (s *Store) writeCheckpointStream(c *checkpoint) ([]pext, []byte, error) {
 	nblocks := (uint64(est) + s.bs - 1) / s.bs
 	s.mu.Lock()
 	exts, err := s.mu.alloc.allocHigh(nblocks, maxCkptExtents)
+	if err != nil && s.mu.reserved > 0 {
+		s.releaseUnitsLockedMu(nil, 0) // placement gives way to space
+		exts, err = s.mu.alloc.allocHigh(nblocks, maxCkptExtents)
+	}
 	s.mu.Unlock()
 	if err != nil {
 		return nil, nil, err

@@ -329,12 +329,14 @@ type Metrics struct {
 	Counters   CounterSnapshot              `json:"counters"`
 	Histograms map[string]HistogramSnapshot `json:"histograms"`
 	// Allocator and map state, in blocks.
-	BlockSize        int           `json:"block_size"`
-	DataBlocks       uint64        `json:"data_blocks"`
-	FreeBlocks       uint64        `json:"free_blocks"`
-	LargestFreeBlock uint64        `json:"largest_free_extent_blocks"`
-	Extents          int           `json:"extents"`
-	Disks            []DiskMetrics `json:"disks"`
+	BlockSize        int    `json:"block_size"`
+	DataBlocks       uint64 `json:"data_blocks"`
+	FreeBlocks       uint64 `json:"free_blocks"`
+	LargestFreeBlock uint64 `json:"largest_free_extent_blocks"`
+	// ReservedBlocks of FreeBlocks are held by allocation units.
+	ReservedBlocks uint64        `json:"reserved_blocks"`
+	Extents        int           `json:"extents"`
+	Disks          []DiskMetrics `json:"disks"`
 	// Failed: a flush or metadata write failed and the store refuses
 	// every write and sync until it is reopened (ErrFailed).
 	Failed bool `json:"failed"`
@@ -389,6 +391,7 @@ func (s *Store) Metrics() Metrics {
 	}
 	info := s.Info()
 	m.DataBlocks, m.FreeBlocks, m.LargestFreeBlock, m.Extents = info.DataBlocks, info.FreeBlocks, info.LargestFree, info.Extents
+	m.ReservedBlocks = info.ReservedBlocks
 	s.mu.Lock()
 	m.Failed = s.mu.failed != nil
 	ds := make([]*disk, 0, len(s.mu.names))

@@ -28,6 +28,7 @@ type disk struct {
 
 	// Guarded by s.mu:
 	opens int
+	units map[uint64]*unit // allocation units reserved, by unit index (units.go)
 
 	// flags are diskFlagSnapshot (read only) and diskFlagClone; set at
 	// creation, or at the first whole-disk copy into it.

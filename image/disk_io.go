@@ -133,6 +133,22 @@ type neighbours struct {
 	// it shares lie: a hole with no neighbour aims at its copy-on-write
 	// layout instead (Store.cowBase).
 	cow bool
+	// lazy: not looked up yet, for blocks [first, first+count): a write
+	// whose holes its allocation units cover needs none (allocHoles
+	// resolves them for the others).
+	lazy         bool
+	first, count uint64
+}
+
+// resolve looks up lazy neighbours.
+func (nb *neighbours) resolve() {
+	if !nb.lazy {
+		return
+	}
+	d := nb.d
+	d.mu.RLock()
+	*nb = d.neighboursLockedMu(nb.first, nb.count)
+	d.mu.RUnlock()
 }
 
 // neighboursLockedMu returns the neighbours of blocks [first, first+count).
@@ -195,6 +211,29 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 			lastVirt, lastPhys, hasLast = sg.Virt+sg.Len, sg.Phys+sg.Len, true
 			continue
 		}
+		small := sg.Len*s.bs < prepareBelow
+		if small { // the unit's reservation, if it has one, needs no goal
+			var given bool
+			var err error
+			sc.allocs, given, err = s.allocFromUnit(sc.allocs, nb.d, sg.Virt, sg.Len, 0, false, false)
+			if err != nil {
+				s.unallocate(sc.allocs)
+				sc.allocs = sc.allocs[:0]
+				return err
+			}
+			if given {
+				e := sc.allocs[len(sc.allocs)-1]
+				sc.out = append(sc.out, blockmap.Segment{Virt: sg.Virt, Len: e.Len, Phys: e.Start})
+				lastVirt, lastPhys, hasLast = sg.Virt+e.Len, e.end(), true
+				continue
+			}
+		}
+		if nb.lazy {
+			nb.resolve()
+			if nb.hasPrev && !hasLast {
+				lastVirt, lastPhys, hasLast = nb.prev.End(), nb.prev.PhysEnd(), true
+			}
+		}
 		next, hasNext := nb.next, nb.hasNext
 		if i+1 < len(sc.segs) { // a hole is followed by data in a lookup
 			next, hasNext = blockmap.Extent{Virt: sc.segs[i+1].Virt, Phys: sc.segs[i+1].Phys}, true
@@ -214,7 +253,21 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 		}
 		start := len(sc.allocs)
 		var err error
-		small := sg.Len*s.bs < prepareBelow
+		if hasGoal && small {
+			var given bool
+			sc.allocs, given, err = s.allocFromUnit(sc.allocs, nb.d, sg.Virt, sg.Len, goal, true, mayCommit)
+			if err != nil {
+				s.unallocate(sc.allocs)
+				sc.allocs = sc.allocs[:0]
+				return err
+			}
+			if given {
+				e := sc.allocs[len(sc.allocs)-1]
+				sc.out = append(sc.out, blockmap.Segment{Virt: sg.Virt, Len: e.Len, Phys: e.Start})
+				lastVirt, lastPhys, hasLast = sg.Virt+e.Len, e.end(), true
+				continue
+			}
+		}
 		if hasGoal && small { // the blocks aimed at are given after their chunk is prepared
 			err = s.prepareBacking([]pext{{Start: goal, Len: sg.Len}}, mayCommit)
 		}

@@ -168,6 +168,9 @@ func (d *disk) unmapLockedRange(v, n uint64) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if d.m.Len() == 0 {
+		s.releaseUnitsLockedMu(d, 0) // they follow the layout just forgotten
+	}
 	s.mu.extents += d.m.Len() - before
 	s.appendLockedMu(record{Type: recPunch, ID: d.id, Virt: v, Len: n})
 	s.quarantineLockedMu(freed)
@@ -192,6 +195,12 @@ func (d *disk) setSizeLockedRange(size int64) {
 	d.attr.Ctime = time.Now().UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	switch {
+	case d.m.Len() == 0:
+		s.releaseUnitsLockedMu(d, 0) // they follow the layout just forgotten
+	case s.unitBlocks != 0:
+		s.releaseUnitsLockedMu(d, (keep+s.unitBlocks-1)/s.unitBlocks) // past the end
+	}
 	s.mu.extents += d.m.Len() - before
 	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
 	s.quarantineLockedMu(freed)

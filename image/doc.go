@@ -70,7 +70,13 @@
 // sequential stream stays one extent, a disk filled in random order too
 // where its layout is free, one rewritten at random over a snapshot too,
 // and package coalesce turns a request's
-// lookup segments into one backend I/O per physically contiguous run. A
+// lookup segments into one backend I/O per physically contiguous run.
+// Small first writes take their blocks from allocation units (units.go):
+// the first one into an aligned 1 MiB of a disk reserves that MiB's
+// physical stretch where the layout puts it, and the others there take
+// their blocks from the reservation without searching or splitting the
+// allocator's free extents. Reserved blocks count as free, are given up
+// when space is short, and live in memory only. A
 // disk whose blocks are scattered all the same (laid out before placement
 // followed the virtual offset, or where its layout was taken) is rewritten
 // into one run by Store.Defrag (defrag.go), chunk by chunk, as crash-safe

@@ -216,7 +216,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 		}
 		s.mu.Unlock()
 	} else if m.write && holes {
-		nb = d.neighboursLockedMu(first, count)
+		nb = neighbours{d: d, lazy: true, first: first, count: count}
 	}
 	size := d.attr.Size
 	d.mu.RUnlock()

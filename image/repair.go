@@ -171,7 +171,13 @@ func (s *Store) repairStateLockedCommit() []string {
 		}
 	}
 	s.mu.Lock()
-	if lost := s.mu.alloc.freeBlocks; lost != a.freeBlocks {
+	// Allocation units hold blocks of the free map being replaced.
+	lost := s.mu.alloc.freeBlocks + s.mu.reserved
+	for _, d := range s.mu.disks {
+		d.units = nil
+	}
+	s.mu.reserved = 0
+	if lost != a.freeBlocks {
 		say("rebuilt the free map: %d free blocks (was %d)", a.freeBlocks, lost)
 	}
 	if high, low := countDiff(s.mu.shared, counts); high+low > 0 {

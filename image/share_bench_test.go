@@ -369,7 +369,7 @@ func benchSnapshot(b *testing.B, s *Store, cb *countingBackend, extents int) {
 // (nullData): the plan, the allocation, the map and its records, and a
 // commit every 256 writes, which for a copy-on-write drops the old
 // blocks' references.
-// 4 KiB writes go to every block of a 64 MiB disk in random order, 1 MiB
+// 4 KiB writes go to every block of a 64 MiB disk (and of a 1 GiB one) in random order, 1 MiB
 // writes to every MiB of a 1 GiB disk in order; each disk is written once
 // (a fresh one, and a fresh snapshot, when it is used up, off the clock).
 // tools/perf/cow.sh measures the same through a mount.
@@ -380,16 +380,20 @@ func BenchmarkEngineFirstWrite(b *testing.B) {
 			if cow {
 				name = fmt.Sprintf("%dKiB/cow", bs>>10)
 			}
-			b.Run(name, func(b *testing.B) { benchFirstWrite(b, bs, cow) })
+			size := int64(64 << 20)
+			if bs == 1<<20 {
+				size = 1 << 30
+			}
+			b.Run(name, func(b *testing.B) { benchFirstWrite(b, bs, size, cow) })
 		}
 	}
+	// The fill of issue 17 (tools/perf/fill.sh): every block of a 1 GiB
+	// disk once, at random, where the map and the free extents grow to
+	// ~100k entries each halfway through.
+	b.Run("4KiB/holes/1GiB", func(b *testing.B) { benchFirstWrite(b, 4096, 1<<30, false) })
 }
 
-func benchFirstWrite(b *testing.B, bs int, cow bool) {
-	diskSize := int64(64 << 20)
-	if bs == 1<<20 {
-		diskSize = 1 << 30
-	}
+func benchFirstWrite(b *testing.B, bs int, diskSize int64, cow bool) {
 	mem := backend.NewMem(8 << 30)
 	if err := Format(mem, FormatOptions{}); err != nil {
 		b.Fatal(err)

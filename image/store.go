@@ -80,6 +80,7 @@ type Store struct {
 	bs         uint64 // block size in bytes
 	dataOff    int64  // byte offset of data block 0
 	dataEnd    int64  // byte offset just past the last data block
+	unitBlocks uint64 // blocks per allocation unit, 0 for none (units.go)
 	journalLen int64
 	uuid       [16]byte
 	pool       *coalesce.Pool
@@ -123,6 +124,7 @@ type Store struct {
 		failed    error             // set once a flush or metadata write failed
 		closed    bool
 		ckptExts  []pext // blocks of the current checkpoint
+		reserved  uint64 // blocks in disks' allocation units (units.go)
 	}
 
 	// writeGen counts completed backend data writes; a flush that starts
@@ -351,6 +353,7 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 		bs:           uint64(sb.BlockSize),
 		dataOff:      int64(sb.DataOff),
 		dataEnd:      int64(sb.DataOff + sb.DataBlocks*uint64(sb.BlockSize)),
+		unitBlocks:   storeUnitBlocks(uint64(sb.BlockSize)),
 		journalLen:   int64(sb.JournalLen),
 		uuid:         sb.UUID,
 		pool:         coalesce.NewPool(maxRunBytes),
@@ -551,23 +554,26 @@ func (s *Store) BlockSize() int { return int(s.bs) }
 
 // Info describes the store as a whole.
 type Info struct {
-	UUID          string
-	Backing       string
-	BlockSize     int
-	StoreSize     int64 // bytes of backing
-	DataBlocks    uint64
-	FreeBlocks    uint64 // includes blocks waiting for a commit to be released
-	LargestFree   uint64 // blocks
-	Disks         int
-	Extents       int
-	JournalBytes  int64
-	JournalUsed   int64
-	CkptBytes     int64
-	Generation    uint64
-	MountGen      uint64
-	CreatedAt     time.Time
-	CapacityBytes int64 // data region bytes
-	FreeBytes     int64
+	UUID        string
+	Backing     string
+	BlockSize   int
+	StoreSize   int64 // bytes of backing
+	DataBlocks  uint64
+	FreeBlocks  uint64 // includes blocks waiting for a commit to be released
+	LargestFree uint64 // blocks
+	// ReservedBlocks of FreeBlocks are held by disks' allocation units
+	// (placement of their next first writes; given up when space is short).
+	ReservedBlocks uint64
+	Disks          int
+	Extents        int
+	JournalBytes   int64
+	JournalUsed    int64
+	CkptBytes      int64
+	Generation     uint64
+	MountGen       uint64
+	CreatedAt      time.Time
+	CapacityBytes  int64 // data region bytes
+	FreeBytes      int64
 }
 
 // Info returns the store's capacity and use.
@@ -577,25 +583,26 @@ func (s *Store) Info() Info {
 	s.commitMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	free := s.mu.alloc.freeBlocks + s.quarantinedFreeLockedMu()
+	free := s.mu.alloc.freeBlocks + s.quarantinedFreeLockedMu() + s.mu.reserved
 	return Info{
-		UUID:          fmt.Sprintf("%x-%x-%x-%x-%x", sb.UUID[0:4], sb.UUID[4:6], sb.UUID[6:8], sb.UUID[8:10], sb.UUID[10:16]),
-		Backing:       s.be.Describe(),
-		BlockSize:     int(s.bs),
-		StoreSize:     int64(sb.StoreSize),
-		DataBlocks:    sb.DataBlocks,
-		FreeBlocks:    free,
-		LargestFree:   s.mu.alloc.largest(),
-		Disks:         len(s.mu.names),
-		Extents:       s.mu.extents,
-		JournalBytes:  s.journalLen,
-		JournalUsed:   jOff,
-		CkptBytes:     int64(sb.CkptLen),
-		Generation:    sb.Generation,
-		MountGen:      sb.MountGen,
-		CreatedAt:     time.Unix(0, sb.CreatedNano),
-		CapacityBytes: int64(sb.DataBlocks * s.bs),
-		FreeBytes:     int64(free * s.bs),
+		UUID:           fmt.Sprintf("%x-%x-%x-%x-%x", sb.UUID[0:4], sb.UUID[4:6], sb.UUID[6:8], sb.UUID[8:10], sb.UUID[10:16]),
+		Backing:        s.be.Describe(),
+		BlockSize:      int(s.bs),
+		StoreSize:      int64(sb.StoreSize),
+		DataBlocks:     sb.DataBlocks,
+		FreeBlocks:     free,
+		ReservedBlocks: s.mu.reserved,
+		LargestFree:    s.mu.alloc.largest(),
+		Disks:          len(s.mu.names),
+		Extents:        s.mu.extents,
+		JournalBytes:   s.journalLen,
+		JournalUsed:    jOff,
+		CkptBytes:      int64(sb.CkptLen),
+		Generation:     sb.Generation,
+		MountGen:       sb.MountGen,
+		CreatedAt:      time.Unix(0, sb.CreatedNano),
+		CapacityBytes:  int64(sb.DataBlocks * s.bs),
+		FreeBytes:      int64(free * s.bs),
 	}
 }
 

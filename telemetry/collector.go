@@ -47,6 +47,7 @@ var (
 	dCapacity        = desc("capacity_bytes", "Bytes of the data region.")
 	dFree            = desc("free_bytes", "Free bytes, including blocks waiting for a commit.")
 	dLargestFree     = desc("largest_free_extent_bytes", "Largest free extent.")
+	dReserved        = desc("reserved_bytes", "Free bytes held by disks' allocation units (placement of their next small first writes; given up when space is short).")
 	dDiskSize        = desc("disk_size_bytes", "Disk size.", "disk")
 	dDiskAllocated   = desc("disk_allocated_bytes", "Bytes of blocks a disk maps.", "disk")
 	dDiskExtents     = desc("disk_extents", "Extents of a disk's map.", "disk")
@@ -59,7 +60,7 @@ var (
 var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
 	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
 	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dPreparedBytes, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
-	dCapacity, dFree, dLargestFree, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dStoreFailed}
+	dCapacity, dFree, dLargestFree, dReserved, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dStoreFailed}
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -122,6 +123,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(dCapacity, float64(m.DataBlocks)*bs)
 	gauge(dFree, float64(m.FreeBlocks)*bs)
 	gauge(dLargestFree, float64(m.LargestFreeBlock)*bs)
+	gauge(dReserved, float64(m.ReservedBlocks)*bs)
 	for _, d := range m.Disks {
 		gauge(dDiskSize, float64(d.Size), d.Name)
 		gauge(dDiskAllocated, float64(d.Allocated), d.Name)

@@ -99,9 +99,9 @@ func printStats(w io.Writer, st *telemetry.Stats) {
 	for _, d := range m.Disks {
 		mapped += d.Allocated
 	}
-	fmt.Fprintf(w, "\nfree %s of %s, largest free extent %s, %d extents (average %s)\n\n",
-		formatSize(int64(m.FreeBlocks)*bs), formatSize(int64(m.DataBlocks)*bs), formatSize(int64(m.LargestFreeBlock)*bs), m.Extents,
-		formatSize(avgExtent(mapped, m.Extents)))
+	fmt.Fprintf(w, "\nfree %s of %s (%s of it reserved for placement), largest free extent %s, %d extents (average %s)\n\n",
+		formatSize(int64(m.FreeBlocks)*bs), formatSize(int64(m.DataBlocks)*bs), formatSize(int64(m.ReservedBlocks)*bs),
+		formatSize(int64(m.LargestFreeBlock)*bs), m.Extents, formatSize(avgExtent(mapped, m.Extents)))
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "DISK\tSIZE\tALLOCATED\tEXTENTS\tAVG-EXTENT\tREADS\tREAD BYTES\tWRITES\tWRITE BYTES")
 	for _, d := range m.Disks {
