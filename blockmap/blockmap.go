@@ -218,18 +218,26 @@ func (m *Map) Insert(e Extent, freed []Extent) []Extent {
 	if e.Len > math.MaxUint64-e.Virt || e.Len > math.MaxUint64-e.Phys {
 		panic(fmt.Sprintf("blockmap: Insert(%+v) overflows uint64", e))
 	}
-	freed = m.Punch(e.Virt, e.Len, freed)
+	// Into a hole (a first write) nothing needs punching: two lookups say
+	// so, and they are the neighbours to merge with anyway.
+	left, hasLeft := m.Before(e.Virt)
+	right, hasRight := m.ceil(e.Virt)
+	if hasLeft && left.End() > e.Virt || hasRight && right.Virt < e.End() {
+		freed = m.Punch(e.Virt, e.Len, freed)
+		left, hasLeft = m.Before(e.Virt)
+		right, hasRight = m.ceil(e.Virt)
+	}
 	m.blocks += e.Len
 
 	// [e.Virt, e.End()) is now a hole. An extent ending exactly at e.Virt
 	// and physically at e.Phys absorbs e: it has the same key as the merged
 	// result, so the ReplaceOrInsert below overwrites it.
-	if left, ok := m.Before(e.Virt); ok && left.End() == e.Virt && left.PhysEnd() == e.Phys {
+	if hasLeft && left.End() == e.Virt && left.PhysEnd() == e.Phys {
 		e = Extent{Virt: left.Virt, Phys: left.Phys, Len: left.Len + e.Len}
 	}
 	// An extent starting exactly at e.End() and physically at e.PhysEnd()
 	// is absorbed by e. Its key differs from e's, so it must be deleted.
-	if right, ok := m.tree.Get(Extent{Virt: e.End()}); ok && right.Phys == e.PhysEnd() {
+	if hasRight && right.Virt == e.End() && right.Phys == e.PhysEnd() {
 		m.tree.Delete(right)
 		e.Len += right.Len
 	}
