@@ -211,63 +211,37 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 			lastVirt, lastPhys, hasLast = sg.Virt+sg.Len, sg.Phys+sg.Len, true
 			continue
 		}
+		// A small hole whose allocation unit is reserved already takes its
+		// blocks there and needs no goal, so no neighbours; else the goal
+		// is computed, and the unit reserved at it if it can be.
 		small := sg.Len*s.bs < prepareBelow
-		if small { // the unit's reservation, if it has one, needs no goal
-			var given bool
-			var err error
-			sc.allocs, given, err = s.allocFromUnit(sc.allocs, nb.d, sg.Virt, sg.Len, 0, false, false)
-			if err != nil {
-				s.unallocate(sc.allocs)
-				sc.allocs = sc.allocs[:0]
-				return err
-			}
-			if given {
-				e := sc.allocs[len(sc.allocs)-1]
-				sc.out = append(sc.out, blockmap.Segment{Virt: sg.Virt, Len: e.Len, Phys: e.Start})
-				lastVirt, lastPhys, hasLast = sg.Virt+e.Len, e.end(), true
-				continue
-			}
+		var given bool
+		var err error
+		if small {
+			given, err = s.fromUnit(sc, nb.d, sg, 0, false, false)
 		}
-		if nb.lazy {
-			nb.resolve()
-			if nb.hasPrev && !hasLast {
-				lastVirt, lastPhys, hasLast = nb.prev.End(), nb.prev.PhysEnd(), true
+		var goal uint64
+		hasGoal := false
+		if !given && err == nil {
+			if nb.lazy {
+				nb.resolve()
+				if nb.hasPrev && !hasLast {
+					lastVirt, lastPhys, hasLast = nb.prev.End(), nb.prev.PhysEnd(), true
+				}
+			}
+			goal, hasGoal = s.holeGoal(nb, sc.segs, i, lastVirt, lastPhys, hasLast)
+			if hasGoal && small {
+				given, err = s.fromUnit(sc, nb.d, sg, goal, true, mayCommit)
 			}
 		}
-		next, hasNext := nb.next, nb.hasNext
-		if i+1 < len(sc.segs) { // a hole is followed by data in a lookup
-			next, hasNext = blockmap.Extent{Virt: sc.segs[i+1].Virt, Phys: sc.segs[i+1].Phys}, true
+		if err != nil {
+			return s.abandonAllocs(sc, err)
 		}
-		goal, hasGoal := uint64(0), hasLast
-		switch {
-		case hasLast:
-			goal = lastPhys + (sg.Virt - lastVirt)
-		case hasNext && next.Phys >= next.Virt-sg.Virt:
-			goal, hasGoal = next.Phys-(next.Virt-sg.Virt), true
-		case !hasNext && nb.cow:
-			goal, hasGoal = s.cowBase(nb.d, nb.blocks)
-			goal += sg.Virt
-		case !hasNext:
-			goal, hasGoal = s.diskBase(nb.d, nb.blocks)
-			goal += sg.Virt
+		if given {
+			lastVirt, lastPhys, hasLast = sg.Virt+sg.Len, sc.out[len(sc.out)-1].Phys+sg.Len, true
+			continue
 		}
 		start := len(sc.allocs)
-		var err error
-		if hasGoal && small {
-			var given bool
-			sc.allocs, given, err = s.allocFromUnit(sc.allocs, nb.d, sg.Virt, sg.Len, goal, true, mayCommit)
-			if err != nil {
-				s.unallocate(sc.allocs)
-				sc.allocs = sc.allocs[:0]
-				return err
-			}
-			if given {
-				e := sc.allocs[len(sc.allocs)-1]
-				sc.out = append(sc.out, blockmap.Segment{Virt: sg.Virt, Len: e.Len, Phys: e.Start})
-				lastVirt, lastPhys, hasLast = sg.Virt+e.Len, e.end(), true
-				continue
-			}
-		}
 		if hasGoal && small { // the blocks aimed at are given after their chunk is prepared
 			err = s.prepareBacking([]pext{{Start: goal, Len: sg.Len}}, mayCommit)
 		}
@@ -275,9 +249,7 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 			sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasGoal, mayCommit)
 		}
 		if err != nil {
-			s.unallocate(sc.allocs)
-			sc.allocs = sc.allocs[:0]
-			return err
+			return s.abandonAllocs(sc, err)
 		}
 		v := sg.Virt
 		for _, e := range sc.allocs[start:] {
@@ -291,12 +263,55 @@ func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
 			continue
 		}
 		if err := s.prepareBacking(sc.allocs[start:], mayCommit); err != nil {
-			s.unallocate(sc.allocs)
-			sc.allocs = sc.allocs[:0]
-			return err
+			return s.abandonAllocs(sc, err)
 		}
 	}
 	return nil
+}
+
+// holeGoal is where allocHoles aims hole sc.segs[i] (see there): by the
+// last mapped or given block before it (lastVirt, lastPhys), else by the
+// data after it, else by the disk's layout base.
+func (s *Store) holeGoal(nb neighbours, segs []blockmap.Segment, i int, lastVirt, lastPhys uint64, hasLast bool) (uint64, bool) {
+	sg := segs[i]
+	next, hasNext := nb.next, nb.hasNext
+	if i+1 < len(segs) { // a hole is followed by data in a lookup
+		next, hasNext = blockmap.Extent{Virt: segs[i+1].Virt, Phys: segs[i+1].Phys}, true
+	}
+	var goal uint64
+	hasGoal := hasLast
+	switch {
+	case hasLast:
+		goal = lastPhys + (sg.Virt - lastVirt)
+	case hasNext && next.Phys >= next.Virt-sg.Virt:
+		goal, hasGoal = next.Phys-(next.Virt-sg.Virt), true
+	case !hasNext && nb.cow:
+		goal, hasGoal = s.cowBase(nb.d, nb.blocks)
+		goal += sg.Virt
+	case !hasNext:
+		goal, hasGoal = s.diskBase(nb.d, nb.blocks)
+		goal += sg.Virt
+	}
+	return goal, hasGoal
+}
+
+// fromUnit gives hole sg its blocks from its allocation unit
+// (allocFromUnit, with goal, reserve and wait) and appends its segment to
+// sc.out; given false: the hole must be allocated otherwise.
+func (s *Store) fromUnit(sc *scratch, d *disk, sg blockmap.Segment, goal uint64, reserve, wait bool) (given bool, err error) {
+	sc.allocs, given, err = s.allocFromUnit(sc.allocs, d, sg.Virt, sg.Len, goal, reserve, wait)
+	if given {
+		e := sc.allocs[len(sc.allocs)-1]
+		sc.out = append(sc.out, blockmap.Segment{Virt: sg.Virt, Len: e.Len, Phys: e.Start})
+	}
+	return given, err
+}
+
+// abandonAllocs returns every block allocHoles gave so far and returns err.
+func (s *Store) abandonAllocs(sc *scratch, err error) error {
+	s.unallocate(sc.allocs)
+	sc.allocs = sc.allocs[:0]
+	return err
 }
 
 // prepareBelow: only holes smaller than this are worth preparing the
