@@ -24,7 +24,9 @@ log "RBD: a one-node Ceph cluster"
 ceph_dir=$(mktemp -d "${TMPDIR:-/tmp}/vdiskfs-ceph.XXXXXX")
 trap 'tools/ceph/cluster.sh stop "$ceph_dir" || true' EXIT
 t1=$SECONDS
-eval "$(tools/ceph/cluster.sh start "$ceph_dir")"
+# Not eval "$(...)": that would hide a failed start from set -e.
+ceph_env=$(tools/ceph/cluster.sh start "$ceph_dir")
+eval "$ceph_env"
 echo "up in $((SECONDS - t1)) s"
 
 log "RBD: the backend (-race), the CLI and the end-to-end tests"

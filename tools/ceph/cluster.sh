@@ -23,7 +23,10 @@
 # are quick. Start takes about 10 s once the packages are there.
 #
 # Environment: VDISK_CEPH_PORT (mon msgr2 port, default 3300; msgr1 is
-# that + 3489, so 6789 by default), VDISK_CEPH_OSD_BYTES (the memstore's
+# that + 3489, so 6789 by default; unset, a busy 3300 or 6789 moves the
+# mon to the first free pair of 3310, 3320 ... 3390, so a second cluster
+# on the machine, such as a benchmark's, does not stop the tests),
+# VDISK_CEPH_OSD_BYTES (the memstore's
 # capacity, default 4G; it takes RAM only as data is written).
 #
 #   eval "$(tools/ceph/cluster.sh start)"
@@ -123,6 +126,15 @@ start() {
 	need_packages
 	if [ -f "$dir/mon.pid" ] && pid_alive "$dir/mon.pid" ceph-mon; then
 		die "a cluster is already running in $dir (stop it first: $0 stop $dir)"
+	fi
+	if [ -z "${VDISK_CEPH_PORT:-}" ]; then
+		local p
+		for p in $(seq 3300 10 3390); do
+			if ! port_busy "$p" && ! port_busy $((p + 3489)); then
+				v2port=$p v1port=$((p + 3489))
+				break
+			fi
+		done
 	fi
 	for p in "$v2port" "$v1port"; do
 		port_busy "$p" && die "port $p on this machine is in use (another cluster?): set VDISK_CEPH_PORT"
