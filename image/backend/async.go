@@ -126,16 +126,14 @@ const asyncCloseWait = 10 * time.Second
 
 func (q *asyncQueue) Close() error {
 	q.mu.Lock()
-	if q.mu.closed {
-		q.mu.Unlock()
+	again, err := closeQueueLockedMu(&q.mu.closed, q.mu.inFlight)
+	q.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("backend %s: %w", q.a.Describe(), err)
+	}
+	if again {
 		return nil
 	}
-	if n := q.mu.inFlight; n > 0 {
-		q.mu.Unlock()
-		return fmt.Errorf("backend %s: close a completion queue with %d I/Os not reaped", q.a.Describe(), n)
-	}
-	q.mu.closed = true
-	q.mu.Unlock()
 	done := make(chan struct{})
 	go func() { q.running.Wait(); close(done) }()
 	select {

@@ -343,22 +343,17 @@ const rbdCallbackWait = 10 * time.Second
 // the caller broke the rule of reaping every operation first.
 func (q *rbdQueue) close() error {
 	q.mu.Lock()
-	if q.mu.closed {
-		q.mu.Unlock()
-		return nil
-	}
-	if n := q.mu.inFlight; n > 0 {
-		q.mu.Unlock()
-		return fmt.Errorf("close a completion queue with %d operations not reaped: %w", n, errAIOInFlight)
-	}
-	q.mu.closed = true
+	again, err := closeQueueLockedMu(&q.mu.closed, q.mu.inFlight)
 	q.mu.Unlock()
+	if again || err != nil {
+		return err
+	}
 	// Every callback has queued its slot; the last ones may still be on
 	// their way out of vdisk_cq_complete.
 	for deadline := time.Now().Add(rbdCallbackWait); C.vdisk_cq_busy(q.c) != 0; {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("close a completion queue: librbd's callbacks did not return in %v (the queue is left allocated): %w",
-				rbdCallbackWait, errAIOInFlight)
+			return fmt.Errorf("close a completion queue: librbd's callbacks did not return in %v (the queue is left allocated)",
+				rbdCallbackWait)
 		}
 		time.Sleep(10 * time.Microsecond)
 	}

@@ -1,6 +1,8 @@
 package backend
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"unsafe"
 
@@ -82,6 +84,26 @@ type CompletionQueue interface {
 	// Close frees the queue. Every I/O started on it must have been
 	// reaped; if not, it frees nothing and returns an error.
 	Close() error
+}
+
+// errNotReaped is the complaint of a CompletionQueue's Close about I/O
+// started on it and not reaped.
+var errNotReaped = errors.New("I/O started and not reaped")
+
+// closeQueueLockedMu is the first step of a CompletionQueue's Close,
+// whose caller holds the lock that guards closed and inFlight (the I/Os
+// started and not reaped): again for a queue closed already; an error
+// with I/O not reaped (the queue stays open: a completion will come into
+// it); else it marks the queue closed, and the caller frees it.
+func closeQueueLockedMu(closed *bool, inFlight int) (again bool, err error) {
+	switch {
+	case *closed:
+		return true, nil
+	case inFlight > 0:
+		return false, fmt.Errorf("close a completion queue with %d I/Os running: %w", inFlight, errNotReaped)
+	}
+	*closed = true
+	return false, nil
 }
 
 // Compile-time checks that every backend that may stand under a
