@@ -12,8 +12,10 @@ import (
 // on their owner threads (fuseuring.IOServer): the request is planned
 // against the disk's map (image.Disk.PlanRead, PlanWrite) and its backing
 // I/O goes through the backend's submission seam onto the queue's own ring
-// with the replies (or, on a memory backend, is done at once), so it costs no
-// goroutine hand-off and no thread blocked in pread or pwrite. What cannot
+// with the replies (or, on RBD, starts on the queue's own completion queue,
+// image.Completions, reaped through the same ring; on a memory backend, is
+// done at once), so it costs no goroutine hand-off and no thread blocked in
+// pread or pwrite. What cannot
 // be planned without waiting (unaligned I/O, growing writes, writes a full
 // store must commit for, ranges held by other requests) takes the usual
 // path through go-fuse, and so do the synchronous writes (O_SYNC, O_DSYNC)
@@ -30,7 +32,14 @@ type ownerIO struct {
 	timed *timedFS
 }
 
-func (o ownerIO) NewIO() fuseuring.IO { return &ownerRequest{v: o.v, timed: o.timed} }
+// NewCompletions is the store's completion queue for one queue's owner,
+// on a backend whose I/O the owner starts without waiting (RBD); nil for
+// others.
+func (o ownerIO) NewCompletions() (*image.Completions, error) { return o.v.store.NewCompletions() }
+
+func (o ownerIO) NewIO(cq *image.Completions) fuseuring.IO {
+	return &ownerRequest{v: o.v, timed: o.timed, plan: image.IOPlan{Completions: cq}}
+}
 
 // ownerRequest is one ring entry's request; only its queue's owner uses it.
 type ownerRequest struct {

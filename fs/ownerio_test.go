@@ -7,10 +7,13 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/ncw/directio"
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
 // TestOwnerIO: on the io_uring transport, the READs and WRITEs the queue
@@ -238,4 +241,107 @@ func allBytes(b []byte, v byte) bool {
 		}
 	}
 	return true
+}
+
+// TestOwnerIOAsync: on a backend whose I/O the queue owners start and reap
+// themselves (backend.AsyncSubmitter; here backend.Async over the store
+// file, the RBD backend's shape without Ceph), the owners serve READs and
+// WRITEs through their completion queues: what 16 goroutines write in 4
+// KiB and 1 MiB pieces reads back right, and both kinds took the owner
+// path. While every started I/O fails, the requests still succeed: each
+// goes to a worker, whose ReadAt or WriteAt (not through the completion
+// queue) retries it, and is counted as an owner retry. Unmounting after
+// all that does not hang (the cleanup's unmount is bounded by the test's
+// timeout, and the queues close their completion queues on the way out).
+func TestOwnerIOAsync(t *testing.T) {
+	requireFUSE(t)
+	requireIOURing(t)
+	var ab *backend.Async
+	tc := newTestCase(t, withMountOptions(Options{Transport: TransportIOURing}),
+		withBackend(func(b backend.Backend) backend.Backend { ab = backend.NewAsync(b); return ab }))
+	if tc.srv.ring == nil {
+		t.Fatalf("mount serves over %q, want io_uring", tc.srv.Transport())
+	}
+	const size = 16 << 20
+	name := tc.path("a.raw")
+	f := tc.openFile("a.raw", os.O_RDWR|os.O_CREATE, 0o644)
+	f.Close()
+	if err := os.Truncate(name, size); err != nil {
+		t.Fatal(err)
+	}
+	df, err := directio.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer df.Close()
+
+	// Goroutine g owns [g MiB, (g+1) MiB): a 1 MiB write, then 4 KiB
+	// overwrites of some of its blocks, then reads of all of it.
+	pattern := func(g, blk, gen int) byte { return byte(g*16 + blk%7 + gen*100 + 1) }
+	check := func(what string) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for g := range 16 {
+			wg.Go(func() {
+				p := directio.AlignedBlock(1 << 20)
+				for i := range p {
+					p[i] = pattern(g, i/4096, 0)
+				}
+				base := int64(g) << 20
+				if _, err := df.WriteAt(p, base); err != nil {
+					errs <- fmt.Errorf("%s: write 1 MiB at %d: %w", what, base, err)
+					return
+				}
+				small := directio.AlignedBlock(4096)
+				for blk := 0; blk < 256; blk += 5 {
+					for i := range small {
+						small[i] = pattern(g, blk, 1)
+					}
+					if _, err := df.WriteAt(small, base+int64(blk)*4096); err != nil {
+						errs <- fmt.Errorf("%s: write 4 KiB at block %d: %w", what, blk, err)
+						return
+					}
+				}
+				for blk := range 256 {
+					if _, err := df.ReadAt(small, base+int64(blk)*4096); err != nil {
+						errs <- fmt.Errorf("%s: read 4 KiB at block %d: %w", what, blk, err)
+						return
+					}
+					want := pattern(g, blk, 0)
+					if blk%5 == 0 {
+						want = pattern(g, blk, 1)
+					}
+					if !allBytes(small, want) {
+						errs <- fmt.Errorf("%s: goroutine %d block %d reads %x..., want %x", what, g, blk, small[:8], want)
+						return
+					}
+				}
+				if _, err := df.ReadAt(p, base); err != nil {
+					errs <- fmt.Errorf("%s: read 1 MiB at %d: %w", what, base, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}
+	check("through the completion queues")
+	if r, w := tc.srv.ring.OwnerIO(); r == 0 || w == 0 {
+		t.Errorf("queue owners served %d READs and %d WRITEs, want some of each", r, w)
+	} else {
+		t.Logf("queue owners served %d READs and %d WRITEs", r, w)
+	}
+
+	retries := tc.ownerRetries()
+	ab.SetFault(func(backend.IO) error { return syscall.EIO })
+	check("every started I/O failing")
+	ab.SetFault(nil)
+	if got := tc.ownerRetries() - retries; got == 0 {
+		t.Error("no owner request was retried by a worker while every started I/O failed")
+	} else {
+		t.Logf("%d owner requests retried by a worker", got)
+	}
 }

@@ -15,8 +15,8 @@ import (
 // backing. It is the one data path: every read and write of a disk is
 // planned (range lock, map lookup, read-modify-write of partial blocks,
 // blocks for the holes, coalescing into runs), submitted through the
-// backend's seam (backend.Submitter, or backend.Do for a wrapper that is
-// not one) and finished (the map published with its records, the
+// backend's seam (backend.Submitter, backend.AsyncSubmitter, or backend.Do
+// for a wrapper that is neither) and finished (the map published with its records, the
 // counters) by the code in this file, whoever asked for it:
 //
 //   - Disk.ReadAt, WriteAt and WriteAtSync plan waiting as needed, perform
@@ -24,8 +24,10 @@ import (
 //   - the FUSE io_uring transport's queue threads, which must not block,
 //     plan with PlanRead, PlanWrite or PlanWriteSync, which decline what
 //     would need a wait, put each I/O on their own ring where the backend
-//     prepares it an entry (PrepareSQE: File, Device) or have the backend
-//     perform it at once (Do: Mem, Crash), and call Finish or Abort.
+//     prepares it an entry (PrepareSQE: File, Device), start it on their
+//     own completion queue of the backend (Start: RBD, whose I/O waits
+//     for the network; the plan is Async) or have the backend perform it
+//     at once (Do: Mem, Crash), and call Finish or Abort.
 //
 // Between a successful plan and Finish or Abort, the plan holds the disk's
 // range (shared for a read, exclusive for a write): no conflicting write,
@@ -52,10 +54,17 @@ type IOPlan struct {
 	// a FUA write): a synchronous overwrite in place of durable mappings.
 	// N and Durable stay as they are after Finish or Abort.
 	Durable bool
+	// Completions is the caller's completion queue on the store's
+	// backend, if the caller reaps one (Store.NewCompletions): with it,
+	// PlanRead and PlanWrite take a store whose backend is a
+	// backend.AsyncSubmitter, and the plan is Async. The caller sets it
+	// before planning; the plan keeps it from request to request.
+	Completions *Completions
 
 	write  bool
 	be     backend.Backend
 	sub    backend.Submitter // be, when it is one; else nil
+	async  bool              // the I/O goes through Completions (Start)
 	p      []byte            // the caller's buffer
 	bounce []byte            // whole blocks from first, when p is not aligned
 	off    int64
@@ -107,8 +116,10 @@ var (
 // nothing held, when the read does not fit such a plan, and ReadAt should
 // serve it: the range or p is not aligned for O_DIRECT (also where the
 // disk ends), it would take more than maxIOs backing reads, the backing is
-// not a backend.Submitter (a wrapper whose I/O may block), the handle is
-// closed, or a write, punch or truncate holds part of the range.
+// not a backend.Submitter (a wrapper whose I/O may block) nor a
+// backend.AsyncSubmitter whose completion queue the plan has (Completions),
+// the handle is closed, or a write, punch or truncate holds part of the
+// range.
 func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 	return h.prepare(pl, p, off, planMode{maxIOs: maxIOs}) == nil
 }
@@ -129,7 +140,9 @@ func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 // blocks whose mappings are durable. The plan is Durable: its writes must
 // be issued as durable (FUA) writes. Anything else is declined, as by
 // PlanWrite, and also a write into holes or while journal records are
-// pending: WriteAtSync serves those, with a commit.
+// pending: WriteAtSync serves those, with a commit. It also declines on a
+// backend.AsyncSubmitter (RBD, whose durable writes with librbd's cache on
+// need a flush after them): WriteAtSync serves those.
 func (h *Disk) PlanWriteSync(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 	return h.prepare(pl, p, off, planMode{write: true, fua: true, maxIOs: maxIOs}) == nil
 }
@@ -165,9 +178,13 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 		return errEmpty
 	}
 	sub, isSub := s.be.(backend.Submitter)
+	cq := pl.Completions
+	// Async: the plan's I/O starts on the caller's completion queue,
+	// which must be one of this store's backend.
+	async := !m.wait && !isSub && !m.fua && cq != nil && cq.s == s
 	uoff := uint64(off)
 	aligned := uoff%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
-	if !m.wait && (!isSub || !aligned) {
+	if !m.wait && (!isSub && !async || !aligned) {
 		return errDeclined // partial blocks: ReadAt's and WriteAt's business
 	}
 
@@ -184,8 +201,8 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 		return errDeclined // PlanRead and PlanWrite never wait
 	}
 	sc := getScratch()
-	*pl = IOPlan{IOs: sc.ios[:0], write: m.write, be: s.be, sub: sub, p: p, off: off, first: first,
-		d: d, lr: lr, held: true, locked: m.locked, sc: sc}
+	*pl = IOPlan{IOs: sc.ios[:0], Completions: cq, write: m.write, be: s.be, sub: sub, async: async, p: p,
+		off: off, first: first, d: d, lr: lr, held: true, locked: m.locked, sc: sc}
 	if err := h.live(); err != nil {
 		pl.release()
 		return m.decline(err)
@@ -315,10 +332,28 @@ func (pl *IOPlan) backendIO(i int) backend.IO {
 // PrepareSQE fills sqe, a zeroed entry of the caller's io_uring, with the
 // plan's i-th I/O when the backend can take it there (backend.Submitter:
 // File and Device); the caller sets UserData and submits it. False: the
-// caller issues it with Do instead. Only between a successful Plan call
-// and Finish or Abort.
+// caller issues it with Do instead (or Start, for an Async plan). Only
+// between a successful Plan call and Finish or Abort.
 func (pl *IOPlan) PrepareSQE(sqe *iouring.SQE, i int) bool {
 	return pl.sub != nil && pl.sub.PrepareSQE(sqe, pl.backendIO(i))
+}
+
+// Async says the plan's I/O goes through Start, on the caller's
+// completion queue (Completions), and not through PrepareSQE or Do: the
+// backend is a backend.AsyncSubmitter, whose I/O waits for the network.
+func (pl *IOPlan) Async() bool { return pl.async }
+
+// Start starts the plan's i-th I/O on the caller's completion queue
+// without waiting; its completion comes out of Completions.Reap with tag,
+// and anything but len(IOs[i].Buf) bytes there is a failure. An error is
+// an I/O that did not start (nothing will be reaped for it): the plan
+// must be aborted once the others it started have completed. Only for an
+// Async plan, between a successful Plan call and Finish or Abort.
+func (pl *IOPlan) Start(i int, tag uint64) error {
+	if !pl.async {
+		return fmt.Errorf("image: Start of a plan that is not Async: %w", backend.ErrUnsupported)
+	}
+	return pl.Completions.cq.Start(pl.backendIO(i), tag)
 }
 
 // Do performs the plan's i-th I/O synchronously through the backend. After
@@ -419,5 +454,47 @@ func (pl *IOPlan) release() {
 	clear(pl.IOs) // let go of the caller's buffers
 	sc.ios = pl.IOs[:0]
 	putScratch(sc)
-	*pl = IOPlan{N: pl.N, Durable: pl.Durable}
+	*pl = IOPlan{N: pl.N, Durable: pl.Durable, Completions: pl.Completions}
 }
+
+// Completions is a completion queue on a store's backend for one
+// submission loop (a FUSE-over-io_uring queue's owner thread) that starts
+// plans' I/O itself without waiting (IOPlan.Start) and reaps their
+// completions when the queue's eventfd (Fd) says so. Only a store whose
+// backend is a backend.AsyncSubmitter (RBD) has them. Its loop alone uses
+// it.
+type Completions struct {
+	s  *Store
+	cq backend.CompletionQueue
+}
+
+// NewCompletions makes a completion queue for one submission loop on the
+// store's backend, or returns nil (and no error) when the backend needs
+// none: its I/O goes on the caller's ring, or is done at once. The caller
+// closes it once every I/O it started there has been reaped.
+func (s *Store) NewCompletions() (*Completions, error) {
+	as, ok := s.be.(backend.AsyncSubmitter)
+	if !ok {
+		return nil, nil
+	}
+	if _, ok := s.be.(backend.Submitter); ok {
+		return nil, nil // its I/O goes on the caller's ring or is done at once
+	}
+	cq, err := as.NewCompletionQueue()
+	if err != nil {
+		return nil, fmt.Errorf("store on %s: %w", s.be.Describe(), err)
+	}
+	return &Completions{s: s, cq: cq}, nil
+}
+
+// Fd is the queue's eventfd, readable once a completion waits: read it,
+// then Reap.
+func (c *Completions) Fd() int { return c.cq.Fd() }
+
+// Reap calls fn with the tag given to IOPlan.Start and the result (bytes
+// transferred or -errno) of every completion waiting, oldest first, and
+// returns how many.
+func (c *Completions) Reap(fn func(tag uint64, res int64)) int { return c.cq.Reap(fn) }
+
+// Close frees the queue; every I/O started on it must have been reaped.
+func (c *Completions) Close() error { return c.cq.Close() }

@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"unsafe"
 
@@ -404,4 +405,176 @@ func TestPlanWritePreparesBacking(t *testing.T) {
 	if rep := s.Check(); !rep.Clean() {
 		t.Fatalf("check: %v", rep.Findings)
 	}
+}
+
+// TestPlanAsync: on a backend whose I/O a submission loop starts and reaps
+// itself (backend.AsyncSubmitter: RBD; here backend.Async over memory),
+// plans are made only for a caller with a completion queue of the store
+// (IOPlan.Completions) and are Async: their I/O starts with Start and
+// completes through the queue's eventfd and Reap, reads back through
+// ReadAt, and a failed I/O aborts the plan, giving back the blocks of a
+// write into holes, counted as a backend error. A queue of another store
+// gets no plan, and neither does a synchronous write.
+func TestPlanAsync(t *testing.T) {
+	mem := backend.NewMem(64 << 20)
+	mem.CheckAlignment(512)
+	if err := Format(mem, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ab := backend.NewAsync(mem)
+	s, err := Open(ab, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if rep := s.Check(); !rep.Clean() {
+			t.Errorf("check: %v", rep.Findings)
+		}
+		s.Close()
+	}()
+	cq, err := s.NewCompletions()
+	if err != nil || cq == nil {
+		t.Fatalf("completion queue of a store on an AsyncSubmitter: %v, %v", cq, err)
+	}
+	if ms := newMemStore(t, 16<<20, FormatOptions{}); true {
+		if c, err := ms.s.NewCompletions(); c != nil || err != nil {
+			t.Fatalf("a store on Mem (a Submitter) made a completion queue: %v, %v", c, err)
+		}
+	}
+	h := mustCreate(t, s, "a", 1<<20)
+	defer h.Close()
+	bs := int64(s.BlockSize())
+	p := directio.AlignedBlock(int(4 * bs))
+	for i := range p {
+		p[i] = byte(i/int(bs) + 1)
+	}
+
+	var pl IOPlan
+	if h.PlanWrite(&pl, p, 0, 8) || h.PlanRead(&pl, p, 0, 8) {
+		t.Fatal("planned on an AsyncSubmitter without a completion queue")
+	}
+	pl.Completions = cq
+	if h.PlanWriteSync(&pl, p, 0, 8) {
+		t.Fatal("planned a synchronous write on an AsyncSubmitter")
+	}
+	run := func(what string) map[uint64]int64 {
+		t.Helper()
+		if !pl.Async() {
+			t.Fatalf("%s: the plan is not Async", what)
+		}
+		var sqe iouring.SQE
+		if pl.PrepareSQE(&sqe, 0) {
+			t.Fatalf("%s: an Async plan prepared an io_uring entry", what)
+		}
+		for i := range pl.IOs {
+			if err := pl.Start(i, uint64(100+i)); err != nil {
+				t.Fatalf("%s: start: %v", what, err)
+			}
+		}
+		return reapAll(t, cq, len(pl.IOs))
+	}
+	if !h.PlanWrite(&pl, p, 2*bs, 8) {
+		t.Fatal("write not planned with a completion queue")
+	}
+	res := run("write")
+	for i := range pl.IOs {
+		if r := res[uint64(100+i)]; r != int64(len(pl.IOs[i].Buf)) {
+			t.Fatalf("write I/O %d: %d of %d bytes", i, r, len(pl.IOs[i].Buf))
+		}
+	}
+	pl.Finish()
+	got := directio.AlignedBlock(len(p))
+	if _, err := h.ReadAt(got, 2*bs); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("async planned write reads back wrong (%v)", err)
+	}
+	q := directio.AlignedBlock(len(p))
+	if !h.PlanRead(&pl, q, 2*bs, 8) {
+		t.Fatal("read not planned with a completion queue")
+	}
+	run("read")
+	pl.Finish()
+	if !bytes.Equal(q, p) {
+		t.Fatal("async planned read differs from the write")
+	}
+
+	// A failed I/O: the plan is aborted, the blocks given to the holes go
+	// back, and the error is counted; the retry (WriteAt) then succeeds.
+	errs := s.Counters().Errors
+	ab.SetFault(func(backend.IO) error { return syscall.EIO })
+	if !h.PlanWrite(&pl, p, 8*bs, 8) {
+		t.Fatal("write into holes not planned")
+	}
+	if res := run("failing write"); res[100] != -int64(syscall.EIO) {
+		t.Fatalf("failing write: result %d, want -EIO", res[100])
+	}
+	pl.Abort()
+	if e := s.Counters().Errors; e != errs+1 {
+		t.Errorf("backend errors %d after an aborted plan, want %d", e, errs+1)
+	}
+	ab.SetFault(nil)
+	if _, err := h.WriteAt(p, 8*bs); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another store's completion queue gets no plan.
+	mem2 := backend.NewMem(16 << 20)
+	if err := Format(mem2, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(backend.NewAsync(mem2), testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	cq2, err := s2.NewCompletions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cq2.Close()
+	pl.Completions = cq2
+	if h.PlanRead(&pl, q, 2*bs, 8) {
+		t.Fatal("planned with another store's completion queue")
+	}
+
+	// The queue closes once all its I/O is reaped, not before.
+	pl.Completions = cq
+	if !h.PlanRead(&pl, q, 2*bs, 8) {
+		t.Fatal("read not planned")
+	}
+	for i := range pl.IOs {
+		if err := pl.Start(i, uint64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cq.Close(); err == nil {
+		t.Fatal("closed a completion queue with I/O not reaped")
+	}
+	reapAll(t, cq, len(pl.IOs))
+	pl.Finish()
+	if err := cq.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reapAll waits (at most 10 s at a time) on cq's eventfd until n
+// completions have been reaped, and returns their results by tag.
+func reapAll(t *testing.T, cq *Completions, n int) map[uint64]int64 {
+	t.Helper()
+	res := map[uint64]int64{}
+	var b [8]byte
+	for len(res) < n {
+		fds := []unix.PollFd{{Fd: int32(cq.Fd()), Events: unix.POLLIN}}
+		k, err := unix.Poll(fds, 10_000)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || k == 0 {
+			t.Fatalf("waiting for %d completions, %d came (%v)", n, len(res), err)
+		}
+		if _, err := unix.Read(cq.Fd(), b[:]); err != nil {
+			t.Fatal(err)
+		}
+		cq.Reap(func(tag uint64, r int64) { res[tag] = r })
+	}
+	return res
 }

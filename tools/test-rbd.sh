@@ -5,7 +5,8 @@
 # cluster (tools/ceph/cluster.sh, which installs the Ceph packages when
 # missing), the backend's RBD tests (with -race), the CLI's and the
 # end-to-end ones (tests/e2e TestRBD*), and the fs suite's core cases on RBD
-# images (VDISKFS_TEST_RBD). The cluster is stopped however the run ends.
+# images (VDISKFS_TEST_RBD), with TestOwnerIO for the queue owners' own RBD
+# I/O (their completion queues). The cluster is stopped however the run ends.
 # With CI=true every RBD test fails, rather than skips, without a cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ go test -tags rbd -count=1 -timeout 15m -run 'RBD|StoreName' ./cmd/vdisk ./tests
 
 log "RBD: the fs suite's core cases on RBD images"
 VDISKFS_TEST_RBD=1 go test -tags rbd -count=1 -timeout 15m \
-	-run '^(TestCpSparse|TestFallocate|TestSeekDataHole|TestFsyncDurable|TestConcurrentWriters|TestNoENOSYS)$' ./fs
+	-run '^(TestCpSparse|TestFallocate|TestSeekDataHole|TestFsyncDurable|TestConcurrentWriters|TestNoENOSYS|TestOwnerIO)$' ./fs
 
 tools/ceph/cluster.sh stop "$ceph_dir"
 trap - EXIT

@@ -29,6 +29,17 @@
 // backing's descriptor stays inside package backend); a backend without a
 // ring (the memory and crash backends of tests) performs the I/O at once
 // on the owner instead (Do), and the reply is queued right away.
+//
+// A backend whose I/O waits for the network (RBD: backend.AsyncSubmitter)
+// gives each queue a completion queue of its own (image.Completions): the
+// owner starts the request's I/O there without waiting (IOPlan.Start, an
+// rbd_aio_* call), librbd's completion callback (pure C) queues the
+// result and writes the completion queue's eventfd, and the owner keeps a
+// read of that eventfd armed in its ring (reapTag) beside the wake read:
+// when it completes, the owner reaps every completion (one cgo call),
+// queues the replies, and arms the read again. So a request costs no
+// goroutine and no thread wake-up in the server beyond the owner's own,
+// as on a file.
 // A small request's backing I/O (under 64 KiB) goes to the device at
 // once, in an io_uring_enter of its own: io_uring plugs the block layer
 // around a batch of three or more, and no request of a batch reaches the
@@ -57,13 +68,15 @@
 // got two requests for it; with huge pages it gets one. 1 MiB writes at
 // iodepth 1 went from 0.65x to 1.07x the raw file's MB/s (docs/BENCHMARKS.md).
 //
-// Invariants: only a queue's owner touches its ring; an entry is either
-// with the kernel (registered or committed and fetching), with the owner
-// (its backing I/O in flight), or with exactly one worker; the owner exits
-// only when every entry has been given back by the kernel (unmount aborts
-// the connection and completes them with ENOTCONN), or Close was called
-// and no backing I/O is in flight; its buffers are unmapped after the ring
-// is closed.
+// Invariants: only a queue's owner touches its ring and its completion
+// queue; an entry is either with the kernel (registered or committed and
+// fetching), with the owner (its backing I/O in flight, on the ring or on
+// the completion queue), or with exactly one worker; the owner exits only
+// when every entry has been given back by the kernel (unmount aborts the
+// connection and completes them with ENOTCONN), or Close was called and no
+// backing I/O is in flight; its completion queue is closed after the ring
+// (so only once every I/O started there has been reaped), and its buffers
+// are unmapped after the ring is closed.
 package fuseuring
 
 import (
@@ -105,6 +118,9 @@ const (
 	iovOff       = 384
 
 	wakeTag = ^uint64(0)
+	// reapTag marks the read of the completion queue's eventfd (an
+	// AsyncSubmitter backend's completions are waiting).
+	reapTag = ^uint64(0) - 1
 	// ioTag marks the user data of a backing I/O issued by the owner:
 	// ioTag | entry<<16 | the I/O's index in its plan.
 	ioTag = uint64(1) << 62
@@ -164,14 +180,22 @@ type Options struct {
 // IOServer lets a queue's owner serve READ and WRITE requests without a
 // worker: the request is mapped to I/O on the store's backing, which the
 // owner submits through the backend's seam (image.IOPlan.PrepareSQE) on its
-// own ring, together with the replies (or, on a memory backend, has the
-// backend perform at once: image.IOPlan.Do), so the commonest requests cost no goroutine hand-off and no
-// thread blocked in pread or pwrite. Requests it declines, and requests
-// whose backing I/O fails or comes back short, go to a worker as usual.
+// own ring, together with the replies, or starts on its own completion
+// queue (image.IOPlan.Start, reaped when the queue's eventfd read on the
+// ring completes), or, on a memory backend, has the backend perform at
+// once (image.IOPlan.Do), so the commonest requests cost no goroutine
+// hand-off and no thread blocked in pread or pwrite. Requests it declines,
+// and requests whose backing I/O fails or comes back short, go to a worker
+// as usual.
 type IOServer interface {
+	// NewCompletions returns the completion queue of one queue's owner
+	// on the store's backend (image.Store.NewCompletions), or nil when
+	// the backend needs none. The owner closes it when it exits.
+	NewCompletions() (*image.Completions, error)
 	// NewIO returns the state one entry reuses for its requests; only the
-	// queue's owner uses it.
-	NewIO() IO
+	// queue's owner uses it. cq is the queue's completion queue (or nil),
+	// on which the entry's plans start their I/O when they are Async.
+	NewIO(cq *image.Completions) IO
 }
 
 // IO is one entry's READ or WRITE on the owner thread. Start must not
@@ -184,8 +208,8 @@ type IO interface {
 	// nothing held: a worker serves the request.
 	Start(nodeID, off uint64, buf []byte, write bool, flags uint32, maxIOs int) bool
 	// Plan is the started request: the I/O to issue through the backend
-	// (PrepareSQE, else Do), and the reply's byte count once all of it has
-	// transferred in full.
+	// (Start when it is Async, else PrepareSQE, else Do), and the reply's
+	// byte count once all of it has transferred in full.
 	Plan() *image.IOPlan
 	// End ends a started request; ok says whether every I/O completed in
 	// full (false: a worker serves the request again).
@@ -355,6 +379,11 @@ type queue struct {
 	ownerIO int
 	replies []*entry
 	sqe     iouring.SQE // scratch for the backend's PrepareSQE (no allocation per I/O)
+	// cq is the completion queue of the I/O the owner starts on an
+	// AsyncSubmitter backend (nil for others): only the owner uses it,
+	// and closes it when it exits.
+	cq        *image.Completions
+	reapArmed bool // a read of cq's eventfd is in the ring
 }
 
 // entry is one registered request slot.
@@ -391,6 +420,14 @@ func startQueue(t *Transport, qid, depth, payloadSize int) (*queue, error) {
 	}
 	// Huge pages if the kernel has them; without, 4 KiB pages work too.
 	_ = unix.Madvise(q.payload, unix.MADV_HUGEPAGE)
+	if t.io != nil {
+		if q.cq, err = t.io.NewCompletions(); err != nil {
+			unix.Munmap(q.payload)
+			unix.Munmap(q.headers)
+			unix.Close(q.efd)
+			return nil, err
+		}
+	}
 	q.ents = make([]entry, depth)
 	for i := range q.ents {
 		e := &q.ents[i]
@@ -403,7 +440,7 @@ func startQueue(t *Transport, qid, depth, payloadSize int) (*queue, error) {
 	}
 	if t.io != nil {
 		for i := range q.ents {
-			q.ents[i].io = t.io.NewIO()
+			q.ents[i].io = t.io.NewIO(q.cq)
 		}
 	}
 	for range depth {
@@ -432,6 +469,15 @@ func (q *queue) own(started chan<- error) {
 		unix.Munmap(q.payload)
 		unix.Munmap(q.headers)
 	}()
+	if q.cq != nil {
+		// After the ring is closed (deferred below): the owner exits
+		// with no I/O in flight, so every one started has been reaped.
+		defer func() {
+			if err := q.cq.Close(); err != nil {
+				q.t.log.WithError(err).WithField("queue", q.qid).Warn("FUSE-over-io_uring: close the completion queue")
+			}
+		}()
+	}
 	var cpus unix.CPUSet
 	cpus.Set(q.qid)
 	// Pinned: the kernel delivers a CPU's requests as task work on this
@@ -440,8 +486,9 @@ func (q *queue) own(started chan<- error) {
 	_ = unix.SchedSetaffinity(0, &cpus) // an offline CPU's queue runs anywhere
 
 	depth := uint32(len(q.ents))
-	// Room for every entry's command and backing I/O, and the wake.
-	sq := depth + 1
+	// Room for every entry's command and backing I/O, the wake and the
+	// completion queue's read.
+	sq := depth + 2
 	if q.t.io != nil {
 		sq += depth * maxPlanIOs
 	}
@@ -455,6 +502,9 @@ func (q *queue) own(started chan<- error) {
 		q.submit(rg, &q.ents[i])
 	}
 	q.armWake(rg)
+	if q.cq != nil {
+		q.armReap(rg)
+	}
 	if err := rg.Enter(false); err != nil {
 		started <- fmt.Errorf("register: io_uring_enter: %w", err)
 		return
@@ -463,6 +513,11 @@ func (q *queue) own(started chan<- error) {
 	// request arrives.
 	var regErr error
 	rg.Reap(func(c iouring.CQE) {
+		if c.UserData == reapTag {
+			q.reapArmed = false // re-armed by serve
+			q.cq.Reap(q.asyncDone)
+			return
+		}
 		if c.UserData != wakeTag && c.Res < 0 && regErr == nil {
 			regErr = fmt.Errorf("register: %w", unix.Errno(-c.Res))
 		}
@@ -509,6 +564,9 @@ func (q *queue) serve(rg *iouring.Ring) {
 			q.armWake(rg)
 			wakeArmed = true
 		}
+		if q.cq != nil && !q.reapArmed {
+			q.armReap(rg)
+		}
 		q.enter(rg, wait)
 		if wait {
 			q.mu.Lock()
@@ -520,8 +578,16 @@ func (q *queue) serve(rg *iouring.Ring) {
 				wakeArmed = false
 				return
 			}
+			if c.UserData == reapTag {
+				// The completion queue's eventfd was read (reset):
+				// take what it announced; a later completion writes it
+				// again and completes the read armed next.
+				q.reapArmed = false
+				q.cq.Reap(q.asyncDone)
+				return
+			}
 			if c.UserData&ioTag != 0 {
-				q.ioDone(c)
+				q.ioDone(c.UserData, int64(c.Res))
 				return
 			}
 			e := &q.ents[c.UserData]
@@ -588,19 +654,32 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		return false
 	}
 	plan := e.io.Plan()
-	// Each I/O goes on the ring where the backend prepares it an entry
-	// (the store's file or device); otherwise the backend performs it now
-	// (memory backends: no device to wait for), and a request done that
-	// way is replied to at once.
+	// Each I/O starts on the queue's completion queue when the backend
+	// waits for the network (Async: RBD), goes on the ring where the
+	// backend prepares it an entry (the store's file or device), or else
+	// the backend performs it now (memory backends: no device to wait
+	// for), and a request done that way is replied to at once.
 	e.ioPending, e.ioFailed = 0, false
+	queued := false
 	for i := range plan.IOs {
+		tag := ioTag | uint64(e.idx)<<16 | uint64(i)
 		q.sqe = iouring.SQE{}
-		if plan.PrepareSQE(&q.sqe, i) {
-			q.sqe.UserData = ioTag | uint64(e.idx)<<16 | uint64(i)
+		switch {
+		case plan.Async():
+			if plan.Start(i, tag) == nil {
+				e.ioPending++
+			} else {
+				e.ioFailed = true // not started: the worker retries and reports
+			}
+		case plan.PrepareSQE(&q.sqe, i):
+			q.sqe.UserData = tag
 			rg.Put(q.sqe)
 			e.ioPending++
-		} else if plan.Do(i) != nil {
-			e.ioFailed = true // the worker's ReadAt or WriteAt retries and reports
+			queued = true
+		default:
+			if plan.Do(i) != nil {
+				e.ioFailed = true // the worker's ReadAt or WriteAt retries and reports
+			}
 		}
 	}
 	if e.ioPending == 0 {
@@ -608,18 +687,24 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		return true
 	}
 	q.ownerIO++
-	if size < submitAtOnce {
+	if queued && size < submitAtOnce {
 		q.enter(rg, false)
 	}
 	return true
 }
 
-// ioDone takes the completion of one backing I/O of an owner's request.
-func (q *queue) ioDone(c iouring.CQE) {
-	e := &q.ents[(c.UserData&^ioTag)>>16]
+// asyncDone takes the completion of a backing I/O started on the
+// completion queue (Reap's callback).
+func (q *queue) asyncDone(tag uint64, res int64) { q.ioDone(tag, res) }
+
+// ioDone takes the completion of one backing I/O of an owner's request:
+// its tag (ioTag, the entry, the I/O's index) and its result, bytes or
+// -errno.
+func (q *queue) ioDone(tag uint64, res int64) {
+	e := &q.ents[(tag&^ioTag)>>16]
 	plan := e.io.Plan()
-	if c.Res < 0 || int(c.Res) != len(plan.IOs[c.UserData&0xffff].Buf) {
-		e.ioFailed = true // the worker's pread or pwrite retries and reports
+	if res < 0 || res != int64(len(plan.IOs[tag&0xffff].Buf)) {
+		e.ioFailed = true // the worker's ReadAt or WriteAt retries and reports
 	}
 	if e.ioPending--; e.ioPending > 0 {
 		return
@@ -678,6 +763,15 @@ func (q *queue) armWake(rg *iouring.Ring) {
 	buf := q.headers[len(q.ents)*headerStride:]
 	rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(q.efd), Off: ^uint64(0),
 		Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), Len: 8, UserData: wakeTag})
+}
+
+// armReap queues the read of the completion queue's eventfd whose
+// completion says that async I/O completions are waiting (reapTag).
+func (q *queue) armReap(rg *iouring.Ring) {
+	buf := q.headers[len(q.ents)*headerStride+8:]
+	rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(q.cq.Fd()), Off: ^uint64(0),
+		Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), Len: 8, UserData: reapTag})
+	q.reapArmed = true
 }
 
 // commit queues e's reply for the owner to submit.

@@ -85,6 +85,24 @@
 //     an error without any I/O. So on a Submitter, Do after a false
 //     PrepareSQE never waits for a device.
 //
+// An AsyncSubmitter (RBD, and Async for tests) is the seam for a backend
+// whose every I/O waits for something outside the machine, so that no Do
+// could avoid blocking: the submission loop starts the I/O itself and
+// reaps its completion later, on its own thread.
+//
+//   - NewCompletionQueue gives the loop a CompletionQueue of its own.
+//   - Start starts an IO without waiting, with a tag of the caller's; an
+//     error is an IO that did not start, and nothing comes back for it.
+//     The buffer stays the caller's to keep valid until the completion.
+//   - Fd is an eventfd the loop reads (a FUSE queue's owner keeps a read
+//     of it armed on its io_uring); once the read completes, Reap hands
+//     out every completion waiting as (tag, result), the result being the
+//     bytes transferred or -errno, as in an io_uring completion. A
+//     completion that arrives after Reap took the waiting ones writes the
+//     eventfd again, so a loop that reads it, reaps, and arms the read
+//     again misses none.
+//   - Close, after the last completion was reaped, frees the queue.
+//
 // Alignment is ReadAt's (multiples of SectorSize() for offset, length and
 // buffer address). Durable is WriteAtDurable's promise: the IO's bytes are
 // durable when it completes, and no other write is made durable by it.
@@ -117,14 +135,18 @@
 // (RBDName; QEMU's syntax). go-ceph has only librbd's synchronous calls and
 // no access to its image handle, so the backend opens the image itself
 // (rbd_open on go-ceph's I/O context, rbd_image.go) and does its I/O with
-// librbd's asynchronous API (rbd_aio.go): ReadAt, WriteAt, Flush
+// librbd's asynchronous API (rbd_aio.go). Every operation completes
+// through a completion queue in C memory: librbd's completion callback,
+// pure C on librbd's completion thread, queues the operation's result
+// under a C mutex and writes the queue's eventfd. ReadAt, WriteAt, Flush
 // (rbd_aio_flush), Discard (rbd_aio_discard) and WriteZeroes
 // (rbd_aio_write_zeroes, which librbd makes a discard without granularity,
-// so the whole range reads zeros) start the operation and park the calling
-// goroutine until one poller goroutine, woken through the netpoller by the
-// eventfd librbd writes on completion (rbd_set_image_notification),
-// reaps it (rbd_poll_io_events). An I/O in flight holds no OS thread, at
-// any depth. librbd's cache is turned off unless the name sets rbd_cache:
+// so the whole range reads zeros) start the operation on the backend's own
+// queue and park the calling goroutine until one poller goroutine, woken
+// through the netpoller by that queue's eventfd, reaps it. An I/O in
+// flight holds no OS thread, at any depth. RBD is also an AsyncSubmitter:
+// a FUSE queue's owner gets a queue of its own and reaps it on its ring.
+// librbd's cache is turned off unless the name sets rbd_cache:
 // a completed write is then on every replica, WriteAtDurable is WriteAt,
 // and Flush has nothing to wait for. Size is the image's at open;
 // SectorSize is 512 (librbd takes any byte range; the checks are
@@ -134,8 +156,13 @@
 //
 // RBD is not a Submitter: it has no descriptor for a caller's io_uring,
 // and every I/O waits for the network, so there is no Do that does not
-// block. A FUSE-over-io_uring queue thread declines its requests, and the
-// workers serve them with ReadAt and WriteAt.
+// block. It is an AsyncSubmitter instead: a FUSE-over-io_uring queue's
+// owner starts reads and writes on its own completion queue (rbd_aio_read,
+// rbd_aio_write) and reaps them when its ring's read of the queue's
+// eventfd completes, so a 4 KiB request wakes no goroutine and no thread
+// of the server but the owner. A durable write started there needs
+// librbd's cache off (the default here); with it on, Start refuses it and
+// the store's workers serve synchronous writes with WriteAtDurable.
 //
 // Fencing is the image's exclusive lock, not flock. A read-write Open
 // takes it with rbd_lock_acquire in exclusive mode, after which librbd

@@ -37,7 +37,11 @@ type RBD struct {
 	// mu is held for reading by every operation on img, for as long as
 	// it is in flight, and for writing by Close, so Close never closes
 	// the image under a running call or one librbd has not completed.
-	// Operations never wait for each other.
+	// Operations never wait for each other. An I/O started on a
+	// completion queue (rbdCompletions.Start) holds it only while librbd
+	// takes the I/O: its completion goes to the caller's queue, whose C
+	// memory is freed only once every callback into it has returned,
+	// whether the image is still open or not.
 	mu struct {
 		sync.RWMutex
 		img *rbdImage // the handle that holds the lock; nil once closed

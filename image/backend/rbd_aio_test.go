@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The asynchronous data path (rbd_aio.go) under load: many goroutines at
@@ -277,5 +279,191 @@ func TestRBDAIOFencedErrors(t *testing.T) {
 		t.Logf("close of the blocklisted holder: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("close of the blocklisted holder hangs")
+	}
+}
+
+// reapCQ waits (at most a minute in all) on cq's eventfd, as a FUSE
+// queue's owner does on its ring, until n completions have been reaped,
+// and returns their results by tag.
+func reapCQ(t *testing.T, cq CompletionQueue, n int) map[uint64]int64 {
+	t.Helper()
+	res := make(map[uint64]int64, n)
+	var b [8]byte
+	deadline := time.Now().Add(time.Minute)
+	for len(res) < n {
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("waited a minute for %d completions; %d came", n, len(res))
+		}
+		fds := []unix.PollFd{{Fd: int32(cq.Fd()), Events: unix.POLLIN}}
+		if k, err := unix.Poll(fds, int(left.Milliseconds())+1); err == unix.EINTR || k == 0 {
+			continue
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := unix.Read(cq.Fd(), b[:]); err != nil {
+			t.Fatal(err)
+		}
+		cq.Reap(func(tag uint64, r int64) {
+			if _, dup := res[tag]; dup {
+				t.Errorf("tag %d completed twice", tag)
+			}
+			res[tag] = r
+		})
+	}
+	return res
+}
+
+// newRBDQueueTest opens a new image of size bytes and makes a completion
+// queue on it, and n buffers of bs bytes.
+func newRBDQueueTest(t *testing.T, size int64, n, bs int) (string, *RBD, CompletionQueue, [][]byte) {
+	t.Helper()
+	name := newRBDImage(t, size)
+	r := openRBDTest(t, name, OpenOptions{})
+	cq, err := r.NewCompletionQueue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = alignedBuffer(bs, 4096)
+	}
+	return name, r, cq, bufs
+}
+
+// closeWithin runs close and returns its error, failing the test if it
+// has not returned within a minute.
+func closeWithin(t *testing.T, what string, close func() error) error {
+	t.Helper()
+	closed := make(chan error, 1)
+	go func() { closed <- close() }()
+	select {
+	case err := <-closed:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("%s hangs", what)
+		return nil
+	}
+}
+
+// A completion queue (AsyncSubmitter, the FUSE queue owner's path): I/O
+// started from one goroutine without waiting completes through the
+// queue's eventfd with its tag and its length as result; writes read
+// back right, through the queue and through ReadAt; the checks refuse
+// what they refuse elsewhere without starting anything; Close refuses a
+// queue with I/O not reaped. Closing the backend with the queue's reads
+// in flight does not hang, and they are still reaped afterwards.
+func TestRBDCompletionQueue(t *testing.T) {
+	const size, bs, n = 16 << 20, 4096, 64
+	_, r, cq, bufs := newRBDQueueTest(t, size, n, bs)
+	for i := range bufs {
+		for j := range bufs[i] {
+			bufs[i][j] = byte(i + 1)
+		}
+		if err := cq.Start(IO{Off: int64(i) * 3 * bs, Buf: bufs[i], Write: true, Durable: i%2 == 0}, uint64(1000+i)); err != nil {
+			t.Fatalf("start write %d: %v", i, err)
+		}
+	}
+	if err := cq.Close(); !errors.Is(err, errNotReaped) {
+		t.Errorf("close with writes in flight: %v, want errNotReaped", err)
+	}
+	for tag, res := range reapCQ(t, cq, n) {
+		if tag < 1000 || tag >= 1000+n || res != bs {
+			t.Errorf("write tag %d: result %d, want %d", tag, res, bs)
+		}
+	}
+	for i := range bufs {
+		clear(bufs[i])
+		if err := cq.Start(IO{Off: int64(i) * 3 * bs, Buf: bufs[i]}, uint64(i)); err != nil {
+			t.Fatalf("start read %d: %v", i, err)
+		}
+	}
+	for tag, res := range reapCQ(t, cq, n) {
+		if res != bs || !bytes.Equal(bufs[tag], bytes.Repeat([]byte{byte(tag + 1)}, bs)) {
+			t.Errorf("read tag %d: result %d, bytes %x...", tag, res, bufs[tag][:4])
+		}
+	}
+	got := alignedBuffer(bs, 4096)
+	if _, err := r.ReadAt(got, 5*3*bs); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{6}, bs)) {
+		t.Errorf("ReadAt of a block written through the queue: %v, %x...", err, got[:4])
+	}
+	for what, io := range map[string]IO{
+		"past the end":     {Off: size, Buf: bufs[0]},
+		"unaligned offset": {Off: 100, Buf: bufs[0]},
+		"unaligned length": {Off: 0, Buf: bufs[0][:100]},
+	} {
+		if err := cq.Start(io, 7); err == nil {
+			t.Errorf("start %s: started", what)
+			reapCQ(t, cq, 1)
+		}
+	}
+
+	// Close the backend under reads in flight: it returns, the reads
+	// complete (done or failed) and are reaped, the queue then closes,
+	// and nothing starts on a closed backend.
+	for i := range bufs {
+		if err := cq.Start(IO{Off: int64(i) * bs, Buf: bufs[i]}, uint64(i)); err != nil {
+			t.Fatalf("start read %d: %v", i, err)
+		}
+	}
+	if err := closeWithin(t, "close with the queue's reads in flight", r.Close); err != nil {
+		t.Errorf("close with the queue's reads in flight: %v", err)
+	}
+	reapCQ(t, cq, n)
+	if err := cq.Start(IO{Off: 0, Buf: bufs[0]}, 0); !errors.Is(err, ErrClosed) {
+		t.Errorf("start on a closed backend: %v, want ErrClosed", err)
+	}
+	if err := cq.Close(); err != nil {
+		t.Errorf("close the queue: %v", err)
+	}
+	if _, err := r.NewCompletionQueue(); !errors.Is(err, ErrClosed) {
+		t.Errorf("completion queue of a closed backend: %v, want ErrClosed", err)
+	}
+}
+
+// After another client broke the lock (blocklisting this one), I/O on a
+// completion queue fails, at its start (ErrFenced) or at its completion
+// (-ESHUTDOWN), and none hangs: writes in flight at the moment of the
+// break complete one way or the other, every later one fails, and Close
+// of the backend and of the queue return.
+func TestRBDCompletionQueueFenced(t *testing.T) {
+	const size, bs, n = 16 << 20, 4096, 32
+	name, a, cq, bufs := newRBDQueueTest(t, size, n, bs)
+	startAll := func() (started int) {
+		for i := range bufs {
+			err := cq.Start(IO{Off: int64(i) * bs, Buf: bufs[i], Write: true}, uint64(i))
+			switch {
+			case err == nil:
+				started++
+			case !errors.Is(err, ErrFenced) || !errors.Is(err, syscall.ESHUTDOWN):
+				t.Errorf("start write %d of the blocklisted holder: %v; want ErrFenced, ESHUTDOWN", i, err)
+			}
+		}
+		return started
+	}
+	started := startAll() // in flight while the lock is broken
+	if _, err := BreakLock(name); err != nil {
+		t.Fatal(err)
+	}
+	ok := 0
+	for _, res := range reapCQ(t, cq, started) {
+		if res == bs {
+			ok++
+		} else if res != -int64(syscall.ESHUTDOWN) {
+			t.Errorf("a write in flight at the break: result %d", res)
+		}
+	}
+	t.Logf("%d of %d writes in flight at the break completed", ok, started)
+	started = startAll()
+	for _, res := range reapCQ(t, cq, started) {
+		if res != -int64(syscall.ESHUTDOWN) {
+			t.Errorf("a write of the blocklisted holder: result %d; want -ESHUTDOWN", res)
+		}
+	}
+	started = startAll() // in flight at Close
+	t.Logf("close of the blocklisted holder: %v", closeWithin(t, "close of the blocklisted holder", a.Close))
+	reapCQ(t, cq, started)
+	if err := cq.Close(); err != nil {
+		t.Errorf("close the queue: %v", err)
 	}
 }

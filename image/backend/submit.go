@@ -1,6 +1,8 @@
 package backend
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"unsafe"
 
@@ -45,6 +47,63 @@ type Submitter interface {
 	// Crash), Do never waits for a device: it may be called on a thread
 	// that must not block.
 	Do(io IO) error
+}
+
+// An AsyncSubmitter is a backend whose data I/O a submission loop that
+// must not block starts itself, without waiting, and whose completions it
+// reaps itself from a completion queue of its own (the RBD backend, whose
+// every I/O waits for the network). See the package documentation,
+// "Submission".
+type AsyncSubmitter interface {
+	Backend
+	// NewCompletionQueue makes a completion queue for one caller, which
+	// owns it: it alone reaps it, and closes it once every I/O it
+	// started there has been reaped.
+	NewCompletionQueue() (CompletionQueue, error)
+}
+
+// A CompletionQueue is an AsyncSubmitter's completion queue for one
+// caller: I/O started on it completes on it.
+type CompletionQueue interface {
+	// Start starts io without waiting for it; its completion is reaped
+	// with tag. The caller keeps io.Buf valid (and unmoved) until then.
+	// An error is an I/O that did not start (a closed backend, one that
+	// breaks the rules, a write on a read-only or fenced backing), and
+	// then nothing is reaped for it.
+	Start(io IO, tag uint64) error
+	// Fd is an eventfd that becomes readable (a count above zero) when a
+	// completion is waiting: the caller reads it (on its own io_uring,
+	// say), then calls Reap. A completion queued after Reap took the
+	// waiting ones writes it again.
+	Fd() int
+	// Reap calls fn with the tag and result of every completion waiting,
+	// oldest first, and returns how many. res is the bytes transferred
+	// or -errno, as an io_uring completion's Res: anything but len(Buf)
+	// is a failure. fn may call Start. One goroutine at a time.
+	Reap(fn func(tag uint64, res int64)) int
+	// Close frees the queue. Every I/O started on it must have been
+	// reaped; if not, it frees nothing and returns an error.
+	Close() error
+}
+
+// errNotReaped is the complaint of a CompletionQueue's Close about I/O
+// started on it and not reaped.
+var errNotReaped = errors.New("I/O started and not reaped")
+
+// closeQueueLockedMu is the first step of a CompletionQueue's Close,
+// whose caller holds the lock that guards closed and inFlight (the I/Os
+// started and not reaped): again for a queue closed already; an error
+// with I/O not reaped (the queue stays open: a completion will come into
+// it); else it marks the queue closed, and the caller frees it.
+func closeQueueLockedMu(closed *bool, inFlight int) (again bool, err error) {
+	switch {
+	case *closed:
+		return true, nil
+	case inFlight > 0:
+		return false, fmt.Errorf("close a completion queue with %d I/Os running: %w", inFlight, errNotReaped)
+	}
+	*closed = true
+	return false, nil
 }
 
 // Compile-time checks that every backend that may stand under a
