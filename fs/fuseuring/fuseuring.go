@@ -413,13 +413,11 @@ func startQueue(t *Transport, qid, depth, payloadSize int) (*queue, error) {
 		unix.Close(q.efd)
 		return nil, fmt.Errorf("map headers: %w", err)
 	}
-	if q.payload, err = unix.Mmap(-1, 0, depth*payloadSize, prot, flags); err != nil {
+	if q.payload, err = mapPayload(depth * payloadSize); err != nil {
 		unix.Munmap(q.headers)
 		unix.Close(q.efd)
 		return nil, fmt.Errorf("map payload buffers: %w", err)
 	}
-	// Huge pages if the kernel has them; without, 4 KiB pages work too.
-	_ = unix.Madvise(q.payload, unix.MADV_HUGEPAGE)
 	if t.io != nil {
 		if q.cq, err = t.io.NewCompletions(); err != nil {
 			unix.Munmap(q.payload)
@@ -458,6 +456,19 @@ func startQueue(t *Transport, qid, depth, payloadSize int) (*queue, error) {
 		return nil, err
 	}
 	return q, nil
+}
+
+// mapPayload maps n bytes of page-aligned memory for payload buffers, on
+// transparent huge pages if the kernel has them (see the package doc: a
+// large request's copy and its backing I/O cost less on them); without,
+// 4 KiB pages work too.
+func mapPayload(n int) ([]byte, error) {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, err
+	}
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // EINVAL without THP: a hint only
+	return b, nil
 }
 
 // own is the owner goroutine of the queue.
