@@ -40,12 +40,15 @@
 // queues the replies, and arms the read again. So a request costs no
 // goroutine and no thread wake-up in the server beyond the owner's own,
 // as on a file.
-// A small request's backing I/O (under 64 KiB) goes to the device at
-// once, in an io_uring_enter of its own: io_uring plugs the block layer
-// around a batch of three or more, and no request of a batch reaches the
-// device until the kernel has built them all. Larger requests' I/O goes
-// in one io_uring_enter per pass, where the plug merges a sequential
-// stream. Replies go in the next batch of commits. No goroutine and no thread is
+// Small requests' backing I/O (under 64 KiB each) goes to the device in
+// groups of four, an io_uring_enter per group: io_uring plugs the block
+// layer around a batch of three or more, and no request of a batch
+// reaches the device until the kernel has built them all, so a whole
+// pass (~30 random 4 KiB reads) in one batch waits in the plug, while a
+// system call per request costs more than the plug saves (system calls
+// are dear in a virtual machine). Larger requests' I/O goes in one
+// io_uring_enter per pass, where the plug merges a sequential stream.
+// Replies go in the next batch of commits. No goroutine and no thread is
 // woken for such a request; 4 KiB random reads and writes cost the server
 // a third of the CPU they cost through a worker.
 //
@@ -129,16 +132,22 @@ const (
 	// the owner; more fragmented requests go to a worker.
 	maxPlanIOs = 8
 
-	// submitAtOnce: the owner submits the backing I/O of a request smaller
-	// than this in an io_uring_enter of its own, as soon as it is queued.
-	// io_uring plugs the block layer for a batch of three or more: no
-	// request of the batch reaches the device until the kernel has built
-	// them all, so with a batch of ~27 random 4 KiB reads each waited
-	// ~0.15 ms in the plug (device time per read 0.47 ms against 0.30 ms
-	// when submitted one by one; 4 KiB random reads and writes +12%).
-	// Larger requests stay batched: the plug merges neighbours of a
-	// sequential stream into larger device requests.
-	submitAtOnce = 64 << 10
+	// smallIO, smallGroup: the owner submits the backing I/O of requests
+	// smaller than smallIO as soon as smallGroup of them are queued, in
+	// an io_uring_enter of their own (what is left goes at the end of the
+	// pass). io_uring plugs the block layer for a batch of three or more:
+	// no request of the batch reaches the device until the kernel has
+	// built them all, so in a batch of ~27 random 4 KiB reads each waited
+	// ~0.15 ms in the plug. One io_uring_enter per request avoided that
+	// but cost a system call each, and a system call is dear in a virtual
+	// machine. Groups of four, against one at a time, paired runs of 4
+	// KiB random I/O at iodepth 32 (docs/BENCHMARKS.md, "Backing I/O in
+	// groups"): reads 45k -> 63-66k IOPS, writes 48k -> 49-50k, the
+	// daemon's CPU -25%; a whole pass per batch made writes slower (37k).
+	// Larger requests stay batched per pass: the plug merges neighbours
+	// of a sequential stream into larger device requests.
+	smallIO    = 64 << 10
+	smallGroup = 4
 
 	writeOutSize = 8 // struct fuse_write_out
 
@@ -698,7 +707,7 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		return true
 	}
 	q.ownerIO++
-	if queued && size < submitAtOnce {
+	if queued && size < smallIO && rg.Pending() >= smallGroup {
 		q.enter(rg, false)
 	}
 	return true
