@@ -142,7 +142,7 @@ const (
 	// but cost a system call each, and a system call is dear in a virtual
 	// machine. Groups of four, against one at a time, paired runs of 4
 	// KiB random I/O at iodepth 32 (docs/BENCHMARKS.md, "Backing I/O in
-	// groups"): reads 45k -> 63-66k IOPS, writes 48k -> 49-50k, the
+	// groups of four"): reads 45k -> 63-66k IOPS, writes 48k -> 49-50k, the
 	// daemon's CPU -25%; a whole pass per batch made writes slower (37k).
 	// Larger requests stay batched per pass: the plug merges neighbours
 	// of a sequential stream into larger device requests.
