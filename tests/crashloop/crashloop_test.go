@@ -95,6 +95,28 @@ type snapModel struct {
 	done, removing bool
 }
 
+// snapshot takes a snapshot of disk i through the mount's socket and
+// records it, keeping at most two per disk (the oldest removed first). An
+// error means the daemon is gone; the snapshot may exist or not.
+func (m *diskModel) snapshot(mnt string, i int) error {
+	for len(m.snaps) > 0 && (len(m.snaps) >= 2 || m.snaps[0].removing) {
+		old := m.snaps[0]
+		old.removing = true
+		if err := os.Remove(filepath.Join(mnt, old.name)); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		m.snaps = m.snaps[1:]
+	}
+	sm := &snapModel{name: fmt.Sprintf("d%d-s%d.raw", i, m.nextSnap), data: bytes.Clone(m.cur[:m.size])}
+	m.nextSnap++
+	m.snaps = append(m.snaps, sm)
+	if _, err := telemetry.Snapshot(mnt, fmt.Sprintf("d%d.raw", i), sm.name); err != nil {
+		return err
+	}
+	sm.done = true
+	return nil
+}
+
 func newDiskModel(i int) *diskModel {
 	return &diskModel{tag: byte(i + 1), cur: make([]byte, diskSpan), synced: make([]byte, diskSpan), touched: make([]bool, diskSpan)}
 }
@@ -137,22 +159,10 @@ func workload(mnt string, i int, m *diskModel, seed uint64, stop <-chan struct{}
 		default:
 		}
 		switch op := rng.IntN(20); {
-		case op == 19: // a snapshot; at most two kept per disk
-			for len(m.snaps) > 0 && (len(m.snaps) >= 2 || m.snaps[0].removing) {
-				old := m.snaps[0]
-				old.removing = true
-				if err := os.Remove(filepath.Join(mnt, old.name)); err != nil && !os.IsNotExist(err) {
-					return
-				}
-				m.snaps = m.snaps[1:]
-			}
-			sm := &snapModel{name: fmt.Sprintf("d%d-s%d.raw", i, m.nextSnap), data: bytes.Clone(m.cur[:m.size])}
-			m.nextSnap++
-			m.snaps = append(m.snaps, sm)
-			if _, err := telemetry.Snapshot(mnt, filepath.Base(name), sm.name); err != nil {
+		case op == 19:
+			if m.snapshot(mnt, i) != nil {
 				return
 			}
-			sm.done = true
 		case op == 18: // copy_file_range within the disk: whole blocks shared
 			n := (1 + rng.Int64N(64)) * 4096
 			src := rng.Int64N((diskSpan-n)/4096) * 4096
@@ -364,6 +374,13 @@ func TestCrashLoop(t *testing.T) {
 			}
 			f.Close()
 			m.promise()
+		}
+		// One snapshot per cycle before the workloads start (done before
+		// the kill, so the next verify must find it), so that every run
+		// checks snapshots across kills whatever the seed; the workloads
+		// take more at random, some in flight at the kill.
+		if err := models[cycle%disks].snapshot(mnt, cycle%disks); err != nil {
+			t.Fatalf("cycle %d: snapshot of d%d: %v", cycle, cycle%disks, err)
 		}
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
