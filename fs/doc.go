@@ -61,7 +61,7 @@
 //
 //   - FUSE-over-io_uring (Options.Transport, package fuseuring): after
 //     INIT (with CAP_OVER_IO_URING) the connection's requests move to one
-//     io_uring queue per CPU, served by a thread pinned to that CPU and 64
+//     io_uring queue per CPU, served by a thread pinned to the next CPU and 64
 //     long-lived workers per queue that run go-fuse's ProtocolServer over
 //     the same RawFileSystem; /dev/fuse keeps INIT, FORGET, INTERRUPT and
 //     notifications. Auto (the default) uses it when the kernel offers it

@@ -10,16 +10,17 @@
 // kernel keeps one queue per CPU: a request is delivered to the queue of
 // the CPU it was issued on, as the completion of a command the server
 // submitted in advance, and the reply goes back in the next submission,
-// together with the request to fetch the next one. No syscall per request,
-// and no request crosses CPUs on its way to the server.
+// together with the request to fetch the next one. No syscall per request.
 //
 // # Design
 //
 // One Queue per possible CPU (the kernel requires all of them). Each has a
-// goroutine locked to its own thread and pinned to its CPU that owns the
-// queue's io_uring: it registers Depth entries (a header buffer and a
-// payload buffer each), and loops submitting and reaping. A completed
-// entry holds a request.
+// goroutine locked to its own thread, pinned to the next CPU (ownerCPU:
+// the kernel copies a request into its entry in this thread, which then
+// runs beside the application instead of taking turns with it), that owns
+// the queue's io_uring, set up with DEFER_TASKRUN: it registers Depth
+// entries (a header buffer and a payload buffer each), and loops
+// submitting and reaping. A completed entry holds a request.
 //
 // READ and WRITE requests the IOServer can map without waiting (aligned,
 // the range free, blocks for any holes at hand) the owner serves itself: it
@@ -296,7 +297,7 @@ func Start(fd int, ps *fuse.ProtocolServer, opts Options) (*Transport, error) {
 	page := unix.Getpagesize()
 	payload := max(8192, (opts.MaxWrite+page-1)/page*page)
 	for qid := range nq {
-		q, err := startQueue(t, qid, opts.Depth, payload)
+		q, err := startQueue(t, qid, ownerCPU(qid, nq), opts.Depth, payload)
 		if err != nil {
 			t.Close()
 			return nil, fmt.Errorf("FUSE-over-io_uring queue %d: %w", qid, err)
@@ -360,6 +361,7 @@ func parseCPUList(s string) (int, error) {
 type queue struct {
 	t       *Transport
 	qid     int
+	cpu     int // the CPU the owner is pinned to (ownerCPU)
 	efd     int // eventfd whose armed read wakes the owner
 	headers []byte
 	payload []byte
@@ -411,8 +413,8 @@ type entry struct {
 	ioFailed  bool
 }
 
-func startQueue(t *Transport, qid, depth, payloadSize int) (*queue, error) {
-	q := &queue{t: t, qid: qid, exited: make(chan struct{}), work: make(chan *entry, depth)}
+func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) {
+	q := &queue{t: t, qid: qid, cpu: cpu, exited: make(chan struct{}), work: make(chan *entry, depth)}
 	var err error
 	if q.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("eventfd: %w", err)
@@ -467,6 +469,27 @@ func startQueue(t *Transport, qid, depth, payloadSize int) (*queue, error) {
 	return q, nil
 }
 
+// ownerCPU is the CPU the owner of queue qid (of nq) is pinned to: the next
+// one, not the queue's own. The kernel queues a request on the ring of the
+// CPU its application issued it on, and copies its payload into the
+// entry in the owner's thread; on the queue's own CPU that copy (~150 µs
+// per MiB here) took turns with the application: fio sent its 16 writes
+// of 1 MiB, the owner then copied all 16 (2.5-3 ms, the device idle),
+// submitted them, and the device wrote them (2.3-4.7 ms, the owner idle),
+// and since the device completed them together the next 16 came together
+// again. On the next CPU the copy runs beside the application, and with
+// DEFER_TASKRUN the owner takes the requests that have arrived each time
+// it asks, so copies and device writes overlap. Paired runs against the
+// owner on its own CPU without DEFER_TASKRUN, 2026-12-05
+// (docs/BENCHMARKS.md, "The owner on the next CPU"): 1 MiB writes at
+// iodepth 16 +18%, 256 KiB at iodepth 64 +38%, 4 KiB random writes +15%
+// and reads +10%; 1 MiB reads at iodepth 16 lose a quarter (still 1.7x
+// the raw file). DEFER_TASKRUN alone changed nothing: the application
+// still sent its burst before the owner ran. (On the next CPU without
+// DEFER_TASKRUN, 2026-12-01, 4 KiB reads lost a tenth: an interrupt and a
+// wake-up per request.)
+func ownerCPU(qid, nq int) int { return (qid + 1) % nq }
+
 // mapPayload maps n bytes of page-aligned memory for payload buffers, on
 // transparent huge pages if the kernel has them (see the package doc: a
 // large request's copy and its backing I/O cost less on them); without,
@@ -499,11 +522,8 @@ func (q *queue) own(started chan<- error) {
 		}()
 	}
 	var cpus unix.CPUSet
-	cpus.Set(q.qid)
-	// Pinned: the kernel delivers a CPU's requests as task work on this
-	// thread, and the application that issued them runs on that CPU. Left
-	// unpinned, 4 KiB random reads went from 78k to 49k IOPS.
-	_ = unix.SchedSetaffinity(0, &cpus) // an offline CPU's queue runs anywhere
+	cpus.Set(q.cpu)
+	_ = unix.SchedSetaffinity(0, &cpus) // an offline CPU's owner runs anywhere
 
 	depth := uint32(len(q.ents))
 	// Room for every entry's command and backing I/O, the wake and the
@@ -512,7 +532,14 @@ func (q *queue) own(started chan<- error) {
 	if q.t.io != nil {
 		sq += depth * maxPlanIOs
 	}
-	rg, err := iouring.Setup(sq, 2*sq, iouring.SetupSQE128)
+	// DEFER_TASKRUN (with SINGLE_ISSUER: only this thread submits): the
+	// kernel's work for this ring, above all copying a request into its
+	// entry, runs when the owner asks for completions, only what has
+	// arrived by then, and no request interrupts the owner. Without it
+	// the owner stayed in the kernel copying until the application
+	// stopped sending, so a burst of writes was all copied before any
+	// reached the device (see ownerCPU).
+	rg, err := iouring.Setup(sq, 2*sq, iouring.SetupSQE128|iouring.SetupSingleIssuer|iouring.SetupDeferTaskrun)
 	if err != nil {
 		started <- err
 		return

@@ -23,6 +23,27 @@ func TestParseCPUList(t *testing.T) {
 	}
 }
 
+func TestOwnerCPU(t *testing.T) {
+	// Every CPU hosts exactly one owner, never that of its own queue when
+	// there is another CPU.
+	for _, nq := range []int{1, 2, 3, 8} {
+		hosted := make([]int, nq)
+		for qid := range nq {
+			cpu := ownerCPU(qid, nq)
+			if cpu < 0 || cpu >= nq || nq > 1 && cpu == qid {
+				t.Errorf("ownerCPU(%d, %d) = %d", qid, nq, cpu)
+				continue
+			}
+			hosted[cpu]++
+		}
+		for cpu, n := range hosted {
+			if n != 1 {
+				t.Errorf("%d CPUs: CPU %d hosts %d owners", nq, cpu, n)
+			}
+		}
+	}
+}
+
 // TestABI pins the layouts shared with the kernel (include/uapi/linux/fuse.h).
 func TestABI(t *testing.T) {
 	if n := unsafe.Sizeof(entInOut{}); n != 32 {
