@@ -535,10 +535,7 @@ func (q *queue) own(started chan<- error) {
 	// DEFER_TASKRUN (with SINGLE_ISSUER: only this thread submits): the
 	// kernel's work for this ring, above all copying a request into its
 	// entry, runs when the owner asks for completions, only what has
-	// arrived by then, and no request interrupts the owner. Without it
-	// the owner stayed in the kernel copying until the application
-	// stopped sending, so a burst of writes was all copied before any
-	// reached the device (see ownerCPU).
+	// arrived by then, and no request interrupts the owner (why: ownerCPU).
 	rg, err := iouring.Setup(sq, 2*sq, iouring.SetupSQE128|iouring.SetupSingleIssuer|iouring.SetupDeferTaskrun)
 	if err != nil {
 		started <- err
