@@ -245,6 +245,15 @@ func dialRBD(spec string) (*rbdConn, error) {
 		// only add a copy (QEMU turns it off for cache=none too).
 		_ = conn.SetConfigOption("rbd_cache", "false")
 	}
+	if !hasOption(n, "rbd_non_blocking_aio") && !hasOption(n, "rbd non blocking aio") {
+		// On, librbd hands every rbd_aio_* call to its io_context_pool
+		// thread; off, the caller (a queue owner or a worker) takes it
+		// to the Objecter itself, one thread hop less per I/O. What
+		// must wait on that path (the lock, a refresh) is queued, not
+		// waited for; the caller waits only in the Objecter's throttle
+		// (objecter_inflight_op_bytes, 100 MiB in flight by default).
+		_ = conn.SetConfigOption("rbd_non_blocking_aio", "false")
+	}
 	if err := conn.Connect(); err != nil {
 		conn.Shutdown()
 		return nil, fmt.Errorf("%s: connect to the Ceph cluster: %w", spec, rbdErrno(err))
