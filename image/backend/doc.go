@@ -146,8 +146,10 @@
 // through the netpoller by that queue's eventfd, reaps it. An I/O in
 // flight holds no OS thread, at any depth. RBD is also an AsyncSubmitter:
 // a FUSE queue's owner gets a queue of its own and reaps it on its ring.
-// librbd's cache is turned off unless the name sets rbd_cache:
-// a completed write is then on every replica, WriteAtDurable is WriteAt,
+// librbd starts each operation on the calling thread (rbd_non_blocking_aio
+// off unless the name sets it). librbd's cache is turned off unless the
+// name sets rbd_cache: a completed write is then on every replica,
+// WriteAtDurable is WriteAt,
 // and Flush has nothing to wait for. Size is the image's at open;
 // SectorSize is 512 (librbd takes any byte range; the checks are
 // O_DIRECT's anyway, so a store issues the same I/O on every backend).

@@ -240,20 +240,16 @@ func dialRBD(spec string) (*rbdConn, error) {
 	// Breaking a lock must fence its holder, whatever the configuration
 	// says: librbd blocklists the holder before it breaks the lock.
 	_ = conn.SetConfigOption("rbd_blocklist_on_break_lock", "true")
-	if !hasOption(n, "rbd_cache") && !hasOption(n, "rbd cache") {
-		// The store has its own flush discipline; librbd's cache would
-		// only add a copy (QEMU turns it off for cache=none too).
-		_ = conn.SetConfigOption("rbd_cache", "false")
-	}
-	if !hasOption(n, "rbd_non_blocking_aio") && !hasOption(n, "rbd non blocking aio") {
-		// On, librbd hands every rbd_aio_* call to its io_context_pool
-		// thread; off, the caller (a queue owner or a worker) takes it
-		// to the Objecter itself, one thread hop less per I/O. What
-		// must wait on that path (the lock, a refresh) is queued, not
-		// waited for; the caller waits only in the Objecter's throttle
-		// (objecter_inflight_op_bytes, 100 MiB in flight by default).
-		_ = conn.SetConfigOption("rbd_non_blocking_aio", "false")
-	}
+	// The store has its own flush discipline; librbd's cache would only
+	// add a copy (QEMU turns it off for cache=none too).
+	setDefaultOption(conn, n, "rbd_cache", "false")
+	// On, librbd hands every rbd_aio_* call to its io_context_pool
+	// thread; off, the caller (a queue owner or a worker) takes it to the
+	// Objecter itself, one thread hop less per I/O. What must wait on
+	// that path (the lock, a refresh) is queued, not waited for; the
+	// caller waits only in the Objecter's throttle
+	// (objecter_inflight_op_bytes, 100 MiB in flight by default).
+	setDefaultOption(conn, n, "rbd_non_blocking_aio", "false")
 	if err := conn.Connect(); err != nil {
 		conn.Shutdown()
 		return nil, fmt.Errorf("%s: connect to the Ceph cluster: %w", spec, rbdErrno(err))
@@ -272,13 +268,16 @@ func dialRBD(spec string) (*rbdConn, error) {
 	return &rbdConn{name: n, conn: conn, ioctx: ioctx}, nil
 }
 
-func hasOption(n RBDName, key string) bool {
+// setDefaultOption sets a Ceph option unless the name sets it (in any of
+// Ceph's spellings: rbd_cache, "rbd cache", rbd-cache).
+func setDefaultOption(conn *rados.Conn, n RBDName, key, value string) {
+	canon := strings.NewReplacer(" ", "_", "-", "_")
 	for _, o := range n.Options {
-		if o[0] == key {
-			return true
+		if canon.Replace(o[0]) == key {
+			return
 		}
 	}
-	return false
+	_ = conn.SetConfigOption(key, value)
 }
 
 func (c *rbdConn) close() {
