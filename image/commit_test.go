@@ -2,6 +2,7 @@ package image
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -258,5 +259,127 @@ func TestWriteAtSync(t *testing.T) {
 		}
 		h.Close()
 		cut.Close()
+	}
+}
+
+// TestCommitBackground: the commit timer's commit of the disks' times alone
+// is written without a flush; the next Sync flushes it although nothing new
+// is pending, so a power cut after that Sync keeps the times, and one right
+// after the timer's commit opens a clean store with the older times. Any
+// other record makes the timer's commit flush as Commit's does.
+func TestCommitBackground(t *testing.T) {
+	c := backend.NewCrash(64 << 20)
+	if err := Format(c, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(c, Options{CommitInterval: -1, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := mustCreate(t, s, "a", 1<<20)
+	block := bytes.Repeat([]byte{0xab}, 4096)
+	if _, err := d.WriteAt(block, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	synced := d.Stat().Mtime
+	counters := func() CounterSnapshot { return s.Metrics().Counters }
+	steps := []struct {
+		name                        string
+		op                          func() error
+		flushes, commits, unflushed uint64
+		durable                     bool
+	}{
+		{"overwrite, timer", func() error {
+			if _, err := d.WriteAt(block, 0); err != nil {
+				return err
+			}
+			return s.commitBackground()
+		}, 0, 1, 1, false},
+		{"nothing, timer", s.commitBackground, 0, 0, 0, false},
+		{"nothing new, Sync", d.Sync, 1, 0, 0, true},
+		{"nothing, Sync", d.Sync, 0, 0, 0, true},
+		{"overwrite, SyncData, timer", func() error {
+			if _, err := d.WriteAt(block, 0); err != nil {
+				return err
+			}
+			if err := d.SyncData(); err != nil { // flushes the data, leaves the times
+				return err
+			}
+			return s.commitBackground()
+		}, 1, 1, 1, false},
+		{"no new write, Sync", d.Sync, 1, 0, 0, true},
+		{"overwrite and chmod, timer", func() error {
+			if _, err := d.WriteAt(block, 0); err != nil {
+				return err
+			}
+			mode := uint32(0o600)
+			if err := d.SetAttr(AttrChange{Mode: &mode}); err != nil {
+				return err
+			}
+			return s.commitBackground()
+		}, 1, 1, 0, true},
+		{"write into a hole, timer", func() error {
+			if _, err := d.WriteAt(block, 8192); err != nil {
+				return err
+			}
+			return s.commitBackground()
+		}, 2, 1, 0, true},
+	}
+	var lazyOp, syncOp int
+	var lazyMtime time.Time
+	for _, st := range steps {
+		before := counters()
+		if err := st.op(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		after := counters()
+		f, n, u := after.Flushes-before.Flushes, after.Commits-before.Commits, after.UnflushedCommits-before.UnflushedCommits
+		if f != st.flushes || n != st.commits || u != st.unflushed {
+			t.Errorf("%s: %d flushes, %d commits (%d unflushed); want %d, %d (%d)", st.name, f, n, u, st.flushes, st.commits, st.unflushed)
+		}
+		if got := s.recordsDurable(); got != st.durable {
+			t.Errorf("%s: every record durable = %v, want %v", st.name, got, st.durable)
+		}
+		switch st.name {
+		case "overwrite, timer":
+			lazyOp, lazyMtime = c.OpCount(), d.Stat().Mtime
+		case "nothing new, Sync":
+			syncOp = c.OpCount()
+		}
+	}
+	d.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !lazyMtime.After(synced) {
+		t.Fatalf("the overwrite did not move the modification time (%v, %v)", synced, lazyMtime)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, cut := range []struct {
+		name string
+		op   int
+		want time.Time
+	}{
+		{"after the timer's commit", lazyOp, synced},
+		{"after the Sync", syncOp, lazyMtime},
+	} {
+		s2, err := Open(c.MemAt(cut.op, rng, backend.DropUnflushed), Options{CommitInterval: -1, Logger: quietLogger()})
+		if err != nil {
+			t.Fatalf("power cut %s: open: %v", cut.name, err)
+		}
+		if rep := s2.Check(); !rep.Clean() {
+			t.Errorf("power cut %s: check: %v", cut.name, rep.Findings)
+		}
+		info, err := s2.Stat("a")
+		if err != nil {
+			t.Fatalf("power cut %s: %v", cut.name, err)
+		}
+		if !info.Mtime.Equal(cut.want) {
+			t.Errorf("power cut %s: modification time %v, want %v", cut.name, info.Mtime, cut.want)
+		}
+		s2.Close()
 	}
 }

@@ -38,10 +38,11 @@ type Counters struct {
 	PreparedBytes atomic.Uint64
 
 	// Journal.
-	Commits       atomic.Uint64 // journal commits written
-	JournalBytes  atomic.Uint64
-	CommitLatency Histogram // nanoseconds, whole commit: flush, write, flush
-	Checkpoints   atomic.Uint64
+	Commits          atomic.Uint64 // journal commits written
+	UnflushedCommits atomic.Uint64 // of Commits, the timer's of times alone, not flushed (Store.commitBackground)
+	JournalBytes     atomic.Uint64
+	CommitLatency    Histogram // nanoseconds, whole commit: flush, write, flush
+	Checkpoints      atomic.Uint64
 }
 
 // counterShards is the number of Shards: more than the CPUs of the machines
@@ -109,6 +110,7 @@ type CounterSnapshot struct {
 	PreparedBytes     uint64 `json:"prepared_bytes"`
 	Errors            uint64 `json:"errors"`
 	Commits           uint64 `json:"commits"`
+	UnflushedCommits  uint64 `json:"unflushed_commits"`
 	JournalBytes      uint64 `json:"journal_bytes"`
 	Checkpoints       uint64 `json:"checkpoints"`
 }
@@ -120,8 +122,9 @@ func (c *Counters) snapshot() CounterSnapshot {
 		Flushes: c.Flushes.Load(), Discards: c.Discards.Load(), Errors: c.Errors.Load(),
 		PreparedBytes: c.PreparedBytes.Load(),
 		Commits:       c.Commits.Load(), JournalBytes: c.JournalBytes.Load(),
-		Checkpoints: c.Checkpoints.Load(),
-		Allocations: c.Allocations.Load(), AllocatedBlocks: c.AllocatedBlocks.Load(),
+		UnflushedCommits: c.UnflushedCommits.Load(),
+		Checkpoints:      c.Checkpoints.Load(),
+		Allocations:      c.Allocations.Load(), AllocatedBlocks: c.AllocatedBlocks.Load(),
 	}
 	for i := range c.shards {
 		sh := &c.shards[i]

@@ -29,7 +29,8 @@ import (
 // The workload shares blocks too: copies between and within disks (whole
 // blocks shared, edges copied), snapshots (read-only disks "sa", "sb", "sc"
 // of "a", "b", "c", made and removed), and the writes, punches and
-// truncates that follow go copy-on-write over the shared blocks.
+// truncates that follow go copy-on-write over the shared blocks. The commit
+// timer's commits come in between (commitBackground).
 
 type crashInstance struct {
 	id      uint64
@@ -241,6 +242,29 @@ func runCrash(t *testing.T, seed uint64, steps int) int {
 			old := int64(len(data[name]))
 			(&model{disks: data}).truncate(name, size)
 			st.lo, st.hi, st.resize = min(old, size), 1<<62, true
+		case op < 85:
+			// The commit timer's, then an overwrite of a block the disk
+			// holds and the timer again: when the overwrite went in
+			// place, the second commit holds the times alone and is
+			// written without a flush. Neither is a sync.
+			if err := s.commitBackground(); err != nil {
+				t.Fatal(err)
+			}
+			if size := int64(len(data[name])); size >= 4096 {
+				off := rng.Int64N(size/4096) * 4096
+				p := make([]byte, 4096)
+				for j := range p {
+					p[j] = live[name].tag<<4 | byte(1+rng.IntN(15))
+				}
+				if _, err := h.WriteAt(p, off); err != nil {
+					t.Fatal(err)
+				}
+				(&model{disks: data}).write(name, p, off)
+				st.lo, st.hi, st.vals = off, off+4096, p
+			}
+			if err := s.commitBackground(); err != nil {
+				t.Fatal(err)
+			}
 		default:
 			if err := h.Sync(); err != nil {
 				t.Fatal(err)
@@ -253,6 +277,7 @@ func runCrash(t *testing.T, seed uint64, steps int) int {
 		st.end = c.OpCount()
 		log = append(log, st)
 	}
+	t.Logf("%d commits by the timer written without a flush", s.Metrics().Counters.UnflushedCommits)
 	for _, h := range handles {
 		h.Close()
 	}

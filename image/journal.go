@@ -17,7 +17,7 @@ import (
 // caller whose work a commit already covered returns at once, and one that
 // waited for a commit in progress covers every caller that came meanwhile
 // with the next. Once a flush has failed, Commit always fails (ErrFailed).
-func (s *Store) Commit() error { return s.commit(true) }
+func (s *Store) Commit() error { return s.commit(true, false) }
 
 // CommitData is Commit without the times: every acknowledged write and
 // the metadata needed to read it back (maps, sizes, the catalog) are
@@ -25,9 +25,24 @@ func (s *Store) Commit() error { return s.commit(true) }
 // place happened since the last commit, it is one flush of the backing and
 // no journal write. Times wait for the next Commit (the timer's, an fsync,
 // or the close). Concurrent callers share commits and flushes as in Commit.
-func (s *Store) CommitData() error { return s.commit(false) }
+func (s *Store) CommitData() error { return s.commit(false, false) }
 
-func (s *Store) commit(times bool) error {
+// commitBackground is the commit timer's: Commit, except that a commit
+// holding only the disks' times, which nobody waits for, is written
+// without a flush. It becomes durable with the next flush (any later
+// commit's, an fsync's), and a crash before then loses only those times,
+// as a disk with a volatile write cache loses what nobody flushed. Why:
+// the data behind such a commit are overwrites in place, which the
+// contract does not make durable before an fsync either, and on a host
+// whose flush writes back its own cache, a flush every interval stalled
+// every write in flight for up to a second (docs/BENCHMARKS.md, "The
+// timer's flush"). A commit with any other record (maps, sizes, names,
+// punches, deletes) is flushed as Commit's is: the timer still bounds how
+// long a write into a hole or a change to the catalog can be lost, and
+// freed blocks leave quarantine only once their record is durable.
+func (s *Store) commitBackground() error { return s.commit(true, true) }
+
+func (s *Store) commit(times, background bool) error {
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
@@ -38,7 +53,7 @@ func (s *Store) commit(times bool) error {
 	wantWrites := s.writeGen.Load()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	return s.commitLockedCommit(want, wantWrites, times)
+	return s.commitLockedCommit(want, wantWrites, times, background)
 }
 
 // commitLockedCommit writes one journal commit with every pending record, or
@@ -47,8 +62,10 @@ func (s *Store) commit(times bool) error {
 // returns at once when an earlier commit covered wantRec records and a flush
 // covered wantWrites data writes. The last quarter of the journal is kept
 // for commits that must go through while a full store has no room for a
-// checkpoint: see commitReserveLockedCommit. Caller holds commitMu.
-func (s *Store) commitLockedCommit(wantRec, wantWrites uint64, times bool) error {
+// checkpoint: see commitReserveLockedCommit. With background (the
+// timer's), a commit of times alone is written without a flush
+// (commitBackground). Caller holds commitMu.
+func (s *Store) commitLockedCommit(wantRec, wantWrites uint64, times, background bool) error {
 	s.mu.Lock()
 	err := s.mu.failed
 	s.mu.Unlock()
@@ -68,12 +85,17 @@ func (s *Store) commitLockedCommit(wantRec, wantWrites uint64, times bool) error
 
 	s.mu.Lock()
 	p := &s.mu.pend
-	if p.count == 0 && writes == s.flushedWrites && len(p.quarantine) == 0 {
+	if p.count == 0 && len(p.quarantine) == 0 && (background ||
+		writes == s.flushedWrites && s.durableRec.Load() >= s.mu.recGen) {
+		// Nothing to write. A background commit does not flush
+		// overwrites in place; any other flushes when a background one
+		// left records written but not yet durable.
 		s.mu.Unlock()
 		return nil
 	}
 	if s.jOff+commitSize(len(p.recs), p.count) <= s.journalLen*3/4 {
-		return s.writeCommitLockedCommit(p.take(), writes)
+		lazy := background && !p.more && len(p.quarantine) == 0
+		return s.writeCommitLockedCommit(p.take(), writes, lazy)
 	}
 	s.mu.Unlock()
 	err = s.checkpointLockedCommit()
@@ -100,7 +122,7 @@ func (s *Store) commitReserveLockedCommit(writes uint64, ckptErr error) error {
 		}
 		rest := s.mu.pend.count > 0
 		s.log.WithError(ckptErr).WithField("records", part.count).Warn("no space for a checkpoint; committing to the journal's reserve")
-		if err := s.writeCommitLockedCommit(part, writes); err != nil || !rest {
+		if err := s.writeCommitLockedCommit(part, writes, false); err != nil || !rest {
 			return err
 		}
 		ckptErr = s.checkpointLockedCommit()
@@ -124,7 +146,16 @@ func (s *Store) commitReserveLockedCommit(writes uint64, ckptErr error) error {
 // data's blocks were mapped by earlier commits and still read as either
 // their old or their new bytes. That halves the flushes of a timed commit
 // over overwrites, where the only records are the disks' times.
-func (s *Store) writeCommitLockedCommit(part pending, writes uint64) error {
+//
+// With lazy (a background commit of times alone and no quarantine:
+// commitBackground) the commit is written and not flushed. Its records are
+// not durable yet, so durableRec and flushedWrites stay where they were and
+// the next commit that must be durable flushes even with nothing new to
+// write. A crash before that flush leaves the commit whole, torn or
+// missing; replay applies it only whole, and stops there either way,
+// before any later commit, which could only have been acknowledged after
+// a flush that covered this one.
+func (s *Store) writeCommitLockedCommit(part pending, writes uint64, lazy bool) error {
 	rec := s.mu.recGen - uint64(s.mu.pend.count) // records after part are not in it
 	seq := s.mu.nextSeq
 	size := commitSize(len(part.recs), part.count)
@@ -136,7 +167,7 @@ func (s *Store) writeCommitLockedCommit(part pending, writes uint64) error {
 	s.mu.Unlock()
 
 	start := time.Now()
-	if part.count == 0 || part.maps {
+	if !lazy && (part.count == 0 || part.maps) {
 		if err := s.flush(); err != nil {
 			return s.fail(fmt.Errorf("flush data before commit %d: %w", seq, err))
 		}
@@ -151,14 +182,18 @@ func (s *Store) writeCommitLockedCommit(part pending, writes uint64) error {
 			return s.fail(fmt.Errorf("write journal commit %d at %d: %w", seq, s.jOff, err))
 		}
 		s.stats.metaWrite(int(size))
+		s.stats.Commits.Add(1)
+		s.stats.JournalBytes.Add(uint64(size))
+		s.jOff += size
+		if lazy {
+			s.stats.UnflushedCommits.Add(1)
+			return nil
+		}
 		if err := s.flush(); err != nil {
 			return s.fail(fmt.Errorf("flush journal commit %d: %w", seq, err))
 		}
 		s.flushedWrites = writes
 		s.stats.CommitLatency.observeSince(start)
-		s.stats.Commits.Add(1)
-		s.stats.JournalBytes.Add(uint64(size))
-		s.jOff += size
 	}
 	s.durableRec.Store(rec)
 	s.releaseLockedCommit(part.quarantine)
@@ -207,7 +242,8 @@ func (s *Store) appendDirtyTimes() {
 		d.mu.RLock()
 		s.mu.Lock()
 		if !d.deleted {
-			s.appendLockedMu(d.attrRecordLockedMu())
+			s.mu.pend.addTimes(d.attrRecordLockedMu())
+			s.mu.recGen++
 		}
 		s.mu.Unlock()
 		d.mu.RUnlock()

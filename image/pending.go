@@ -18,6 +18,11 @@ type pending struct {
 	// before its record (dataFirst). Kept for the whole batch: parts split
 	// from it by takePrefix inherit it.
 	maps bool
+	// more: some record is not a disk's dirty times (addTimes): a
+	// truncate, a chmod, a map... A commit of dirty times alone that
+	// nobody waits for (the timer's) needs no flush: see
+	// Store.commitBackground. Kept for the whole batch, like maps.
+	more bool
 }
 
 // pendingCut is the state of a pending just before one of its mutations
@@ -38,6 +43,16 @@ func (p *pending) add(recs []record) {
 		p.maps = p.maps || recs[i].Type == recMap || recs[i].Type == recClone
 	}
 	p.count += uint32(len(recs))
+	p.more = true
+}
+
+// addTimes appends the attr record that journals a disk's dirty access and
+// modification times (Store.appendDirtyTimes): one mutation, which alone
+// does not make the batch need a flush (more).
+func (p *pending) addTimes(rec record) {
+	more := p.more
+	p.add([]record{rec})
+	p.more = more
 }
 
 // dataFirst makes the next commit flush the data before it writes the
@@ -74,12 +89,13 @@ func (p *pending) takePrefix(room int64) (pending, bool) {
 	}
 	c := p.cuts[i]
 	c.quar = min(c.quar, len(p.quarantine)) // Repair may have dropped the quarantine
-	part := pending{recs: p.recs[:c.bytes:c.bytes], count: c.count, quarantine: p.quarantine[:c.quar:c.quar], cuts: p.cuts[:i:i], maps: p.maps}
+	part := pending{recs: p.recs[:c.bytes:c.bytes], count: c.count, quarantine: p.quarantine[:c.quar:c.quar], cuts: p.cuts[:i:i], maps: p.maps, more: p.more}
 	rest := pending{
 		recs:       append([]byte(nil), p.recs[c.bytes:]...),
 		count:      p.count - c.count,
 		quarantine: append([]pext(nil), p.quarantine[c.quar:]...),
 		maps:       p.maps,
+		more:       p.more,
 	}
 	for _, later := range p.cuts[i+1:] {
 		rest.cuts = append(rest.cuts, pendingCut{bytes: later.bytes - c.bytes, count: later.count - c.count, quar: max(later.quar-c.quar, 0)})

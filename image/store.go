@@ -19,6 +19,9 @@ import (
 
 // DefaultCommitInterval bounds how much acknowledged-but-unsynced work a
 // crash can lose: the store commits on this timer when anything is dirty.
+// What it bounds is the metadata (writes into holes, sizes, the catalog);
+// overwrites in place and the times they change are durable at the next
+// flush, as on a disk with a volatile write cache (Store.commitBackground).
 const DefaultCommitInterval = 5 * time.Second
 
 // maxRunBytes is the largest single backend data I/O. Runs longer than this
@@ -406,8 +409,8 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// commitTimer commits every interval, bounding the loss window of writes
-// that no one fsyncs.
+// commitTimer commits every interval (commitBackground), bounding the loss
+// window of metadata changes that no one fsyncs.
 func (s *Store) commitTimer(iv time.Duration) {
 	defer close(s.timerDone)
 	t := time.NewTicker(iv)
@@ -417,7 +420,7 @@ func (s *Store) commitTimer(iv time.Duration) {
 		case <-s.timerStop:
 			return
 		case <-t.C:
-			if err := s.Commit(); err != nil && !errors.Is(err, ErrClosed) {
+			if err := s.commitBackground(); err != nil && !errors.Is(err, ErrClosed) {
 				s.log.WithError(err).Error("background commit failed")
 			}
 		}
@@ -451,7 +454,7 @@ func (s *Store) Close() error {
 			s.mu.Lock()
 			want := s.mu.recGen
 			s.mu.Unlock()
-			err = s.commitLockedCommit(want, s.writeGen.Load(), true)
+			err = s.commitLockedCommit(want, s.writeGen.Load(), true, false)
 		}
 		if err == nil {
 			sb := s.sb

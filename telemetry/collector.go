@@ -41,6 +41,7 @@ var (
 	dDiscards        = desc("backend_discards_total", "Discards passed down for freed blocks.")
 	dPreparedBytes   = desc("backend_prepared_bytes_total", "Zeros written over free blocks of a store file ahead of their first use, so that first writes are overwrites for its host file system.")
 	dCommits         = desc("journal_commits_total", "Journal commits written.")
+	dUnflushed       = desc("journal_unflushed_commits_total", "Journal commits of times alone written by the commit timer without a flush (durable with the next flush).")
 	dJournalBytes    = desc("journal_bytes_total", "Journal bytes written.")
 	dCommitLatency   = desc("journal_commit_latency_seconds", "Latency of a whole commit (flush, write, flush).")
 	dCheckpoints     = desc("checkpoints_total", "Checkpoints written.")
@@ -59,7 +60,7 @@ var (
 
 var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
 	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
-	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dPreparedBytes, dCommits, dJournalBytes, dCommitLatency, dCheckpoints,
+	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dPreparedBytes, dCommits, dUnflushed, dJournalBytes, dCommitLatency, dCheckpoints,
 	dCapacity, dFree, dLargestFree, dReserved, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dStoreFailed}
 
 // Describe implements prometheus.Collector.
@@ -116,6 +117,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dDiscards, k.Discards)
 	counter(dPreparedBytes, k.PreparedBytes)
 	counter(dCommits, k.Commits)
+	counter(dUnflushed, k.UnflushedCommits)
 	counter(dJournalBytes, k.JournalBytes)
 	hist(dCommitLatency, "journal_commit_latency_seconds")
 	counter(dCheckpoints, k.Checkpoints)
