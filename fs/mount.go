@@ -262,10 +262,20 @@ func (s *Server) InvalidateDisk(name string) error {
 		return nil
 	default:
 	}
-	if ch := s.root.GetChild(name); ch != nil {
-		if e := ch.NotifyContent(0, 0); e != 0 && e != syscall.ENOENT {
-			return fmt.Errorf("invalidate disk %q: %w", name, e)
-		}
+	// The kernel holds an entry for name only while it holds the node
+	// (the mount caches no negative entries): with none, there is nothing
+	// to forget. Skipping the notification then matters beyond its cost:
+	// NOTIFY_INVAL_ENTRY waits for the directory's lock, which a create or
+	// lookup in flight holds until we answer it, so a daemon killed while
+	// one waited could never exit (its thread stuck in the kernel) and
+	// kept the mount hung; a new snapshot's or clone's name is the usual
+	// case.
+	ch := s.root.GetChild(name)
+	if ch == nil {
+		return nil
+	}
+	if e := ch.NotifyContent(0, 0); e != 0 && e != syscall.ENOENT {
+		return fmt.Errorf("invalidate disk %q: %w", name, e)
 	}
 	if e := s.root.NotifyEntry(name); e != 0 && e != syscall.ENOENT {
 		return fmt.Errorf("invalidate entry %q: %w", name, e)
