@@ -242,8 +242,7 @@ func (s *Store) appendDirtyTimes() {
 		d.mu.RLock()
 		s.mu.Lock()
 		if !d.deleted {
-			s.mu.pend.addTimes(d.attrRecordLockedMu())
-			s.mu.recGen++
+			s.appendTimesLockedMu(d.attrRecordLockedMu())
 		}
 		s.mu.Unlock()
 		d.mu.RUnlock()

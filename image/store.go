@@ -518,6 +518,14 @@ func (s *Store) appendLockedMu(recs ...record) {
 	s.mu.recGen += uint64(len(recs))
 }
 
+// appendTimesLockedMu queues the attr record of a disk's dirty times
+// (appendDirtyTimes), which alone lets the timer's commit skip its flush
+// (pending.addTimes). Locking as appendLockedMu.
+func (s *Store) appendTimesLockedMu(rec record) {
+	s.mu.pend.addTimes(rec)
+	s.mu.recGen++
+}
+
 // quarantineLockedMu holds the references to blocks that the records
 // appended last drop (blocks a punch, truncate, delete or copy-on-write
 // unmapped) until those records are durable (docs/DESIGN.md, crash rule 3):
