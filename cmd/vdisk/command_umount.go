@@ -56,6 +56,12 @@ func runUmount(e *env, mnt string, timeout time.Duration) error {
 	}
 	store, pid := daemonOf(abs, m)
 	if err := unmount(abs); err != nil {
+		if pid == 0 && errors.Is(err, unix.EBUSY) {
+			// Nothing serves the mount any more: its files fail with
+			// ENOTCONN, and waiting for their users to close them helps
+			// no one; detaching lets the store be mounted again.
+			return fmt.Errorf("%w; no daemon serves it any more (was it killed?), so umount -l %s detaches it and its open files fail from now on", err, abs)
+		}
 		return err
 	}
 	if pid == 0 {
@@ -133,7 +139,7 @@ func unmount(mnt string) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, unix.EBUSY):
-		return fmt.Errorf("%s is busy: a file on it is open (fuser -vm %s names the processes); nothing was unmounted", mnt, mnt)
+		return fmt.Errorf("%s is busy (%w): a file on it is open (fuser -vm %s names the processes); nothing was unmounted", mnt, unix.EBUSY, mnt)
 	default:
 		return fmt.Errorf("unmount %s: %w", mnt, err)
 	}

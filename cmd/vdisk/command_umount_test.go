@@ -57,6 +57,30 @@ func TestUmountErrors(t *testing.T) {
 	}
 }
 
+// TestUmountDeadDaemonBusy: a mount whose daemon was killed while a file
+// on it stays open (a hypervisor that has not noticed) cannot be unmounted
+// plainly; vdisk umount says that nothing serves it and that umount -l
+// detaches it, and after the detach the store mounts again.
+func TestUmountDeadDaemonBusy(t *testing.T) {
+	requireFUSE(t)
+	bin := vdiskBinary(t)
+	store := newStore(t)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	pid := startDaemon(t, bin, store, mnt)
+	f, err := os.Create(filepath.Join(mnt, "vm.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	killDaemon(t, pid)
+	wantFail(t, exitFailure, []string{"busy", "no daemon serves it", "umount -l " + mnt}, "umount", mnt)
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Fatalf("umount -l: %v", err)
+	}
+	stop := mountForeground(t, bin, store, mnt)
+	stop()
+}
+
 // TestUmountRemountLoop is issue 16's "umount must mean closed", through
 // the real daemon: 20 rounds of mount, write, unmount. Odd rounds unmount
 // with plain umount(2) and mount again at once (vdisk mount waits for the
