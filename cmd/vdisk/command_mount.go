@@ -141,7 +141,7 @@ it can never write to the image again, then its lock is broken.`,
 	fl.IntVar(&f.readyFD, "ready-fd", 0, "with --foreground: write \"ready\" to this file descriptor once mounted")
 	fl.StringVar(&f.logFile, "log-file", "", "log file in the background (default $XDG_STATE_HOME/vdiskfs/mount-<MOUNTPOINT>.log)")
 	fl.Var(&f.defaultSize, "default-size", "size of the default store when it is created (default: 64G or 3/4 of the free space)")
-	fl.DurationVar(&f.commitInterval, "commit-interval", image.DefaultCommitInterval, "commit unsynced writes at least this often")
+	fl.DurationVar(&f.commitInterval, "commit-interval", image.DefaultCommitInterval, "commit and flush unsynced writes' new mappings, sizes and names at least this often (overwrites in place become durable at the next flush)")
 	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data reads are issued: io_uring, pread, or auto (io_uring when the kernel allows it); writes are pwrite")
 	fl.StringVar(&f.fuseTransport, "fuse-transport", "auto", "how FUSE requests reach vdiskfs: io_uring (FUSE-over-io_uring; turns on the fuse module's enable_uring), dev (/dev/fuse), or auto (io_uring when enabled)")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
