@@ -84,6 +84,7 @@ func (s *Store) checkpointLockedCommit() error {
 	if err := s.flushData(); err != nil {
 		return err
 	}
+	s.lazy = lazyCommit{} // durable now; the checkpoint supersedes it anyway
 	exts, stream, err := s.writeCheckpointStream(c)
 	if err != nil {
 		// Nothing durable changed: put the captured work back in front of

@@ -94,7 +94,9 @@ func (s *Store) commitLockedCommit(wantRec, wantWrites uint64, times, background
 		return nil
 	}
 	if s.jOff+commitSize(len(p.recs), p.count) <= s.journalLen*3/4 {
-		lazy := background && !p.more && len(p.quarantine) == 0
+		// A lazy commit grows by the times of every tick until a flush
+		// (Store.lazy); past maxLazyBytes the timer flushes once.
+		lazy := background && !p.more && len(p.quarantine) == 0 && len(s.lazy.recs) < maxLazyBytes
 		return s.writeCommitLockedCommit(p.take(), writes, lazy)
 	}
 	s.mu.Unlock()
@@ -132,6 +134,19 @@ func (s *Store) commitReserveLockedCommit(writes uint64, ckptErr error) error {
 	}
 }
 
+// lazyCommit is a commit written without a flush: Store.lazy.
+type lazyCommit struct {
+	off   int64  // its journal offset
+	seq   uint64 // its sequence number
+	recs  []byte // its records
+	count uint32 // how many
+}
+
+// maxLazyBytes bounds the records of a lazy commit (Store.lazy), which
+// every timer tick grows by the dirty times of the disks written since
+// the last one until a flush covers it: a commit past it is flushed.
+const maxLazyBytes = 64 << 10
+
 // writeCommitLockedCommit writes part, taken from s.mu.pend, as one journal
 // commit: flush the data its records point to, write the commit, flush it,
 // then release the blocks its records freed. Caller holds commitMu and
@@ -151,27 +166,37 @@ func (s *Store) commitReserveLockedCommit(writes uint64, ckptErr error) error {
 // commitBackground) the commit is written and not flushed. Its records are
 // not durable yet, so durableRec and flushedWrites stay where they were and
 // the next commit that must be durable flushes even with nothing new to
-// write. A crash before that flush leaves the commit whole, torn or
-// missing; replay applies it only whole, and stops there either way,
-// before any later commit, which could only have been acknowledged after
-// a flush that covered this one.
+// write. Until a flush covers it, it stays the journal's last commit: a
+// commit written before that flush replaces it (Store.lazy). A crash
+// before the flush leaves it (or what replaced it) whole, torn or missing;
+// replay applies it only whole, and stops there either way.
 func (s *Store) writeCommitLockedCommit(part pending, writes uint64, lazy bool) error {
 	rec := s.mu.recGen - uint64(s.mu.pend.count) // records after part are not in it
+	preFlush := !lazy && (part.count == 0 || part.maps)
 	seq := s.mu.nextSeq
+	switch {
+	case part.count == 0:
+	case s.lazy.count > 0 && !preFlush:
+		// Written over the lazy commit, which no flush covers yet.
+		seq = s.lazy.seq
+		s.jOff = s.lazy.off
+		part.recs = append(append(make([]byte, 0, len(s.lazy.recs)+len(part.recs)), s.lazy.recs...), part.recs...)
+		part.count += s.lazy.count
+	default:
+		s.mu.nextSeq++
+	}
 	size := commitSize(len(part.recs), part.count)
 	s.mu.releasing++
 	defer s.doneReleasing()
-	if part.count > 0 {
-		s.mu.nextSeq++
-	}
 	s.mu.Unlock()
 
 	start := time.Now()
-	if !lazy && (part.count == 0 || part.maps) {
+	if preFlush {
 		if err := s.flush(); err != nil {
 			return s.fail(fmt.Errorf("flush data before commit %d: %w", seq, err))
 		}
 		s.flushedWrites = writes
+		s.lazy = lazyCommit{} // durable now; the next commit goes after it
 	}
 	if part.count > 0 {
 		buf := s.pool.Get(int(size))
@@ -184,15 +209,18 @@ func (s *Store) writeCommitLockedCommit(part pending, writes uint64, lazy bool) 
 		s.stats.metaWrite(int(size))
 		s.stats.Commits.Add(1)
 		s.stats.JournalBytes.Add(uint64(size))
-		s.jOff += size
 		if lazy {
+			s.lazy = lazyCommit{off: s.jOff, seq: seq, recs: part.recs, count: part.count}
+			s.jOff += size
 			s.stats.UnflushedCommits.Add(1)
 			return nil
 		}
+		s.jOff += size
 		if err := s.flush(); err != nil {
 			return s.fail(fmt.Errorf("flush journal commit %d: %w", seq, err))
 		}
 		s.flushedWrites = writes
+		s.lazy = lazyCommit{}
 		s.stats.CommitLatency.observeSince(start)
 	}
 	s.durableRec.Store(rec)

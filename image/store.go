@@ -108,6 +108,16 @@ type Store struct {
 	// written under commitMu, read without it by a synchronous overwrite
 	// asking whether every mapping is durable (Disk.WriteAtSync).
 	durableRec atomic.Uint64
+	// lazy is the timer's commit of times written without a flush
+	// (commitBackground) while no flush has covered it yet: its journal
+	// offset, sequence number and records. Invariant: when count > 0 it
+	// is the journal's last commit (jOff is its end, mu.nextSeq is seq+1).
+	// A commit written before the next flush replaces it, at the same
+	// offset and with the same sequence number, holding its records
+	// first (writeCommitLockedCommit), so the journal never holds a
+	// commit after one that is not durable: a power cut could lose that
+	// one and keep the next, which replay must take for damage.
+	lazy lazyCommit
 
 	cut sync.RWMutex
 
