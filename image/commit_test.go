@@ -268,22 +268,7 @@ func TestWriteAtSync(t *testing.T) {
 // after the timer's commit opens a clean store with the older times. Any
 // other record makes the timer's commit flush as Commit's does.
 func TestCommitBackground(t *testing.T) {
-	c := backend.NewCrash(64 << 20)
-	if err := Format(c, FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(c, Options{CommitInterval: -1, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := mustCreate(t, s, "a", 1<<20)
-	block := bytes.Repeat([]byte{0xab}, 4096)
-	if _, err := d.WriteAt(block, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	c, s, d, block := committedBlock(t)
 	synced := d.Stat().Mtime
 	counters := func() CounterSnapshot { return s.Metrics().Counters }
 	steps := []struct {
@@ -392,22 +377,7 @@ func TestCommitBackground(t *testing.T) {
 // chmod's each replace the one before, and a power cut at every point,
 // losing, keeping or tearing each unflushed write, opens clean.
 func TestCommitBackgroundReplaced(t *testing.T) {
-	c := backend.NewCrash(64 << 20)
-	if err := Format(c, FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(c, Options{CommitInterval: -1, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := mustCreate(t, s, "a", 1<<20)
-	block := bytes.Repeat([]byte{0xcd}, 4096)
-	if _, err := d.WriteAt(block, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	c, s, d, block := committedBlock(t)
 	first := c.OpCount()
 	tick := func() {
 		t.Helper()
@@ -463,4 +433,28 @@ func TestCommitBackgroundReplaced(t *testing.T) {
 			}
 		}
 	}
+}
+
+// committedBlock formats a crash backend, opens it with the timer off, and
+// makes disk "a" (1 MiB) with its first block written and committed; it
+// returns the backend, the store, the disk and the block.
+func committedBlock(t *testing.T) (*backend.Crash, *Store, *Disk, []byte) {
+	t.Helper()
+	c := backend.NewCrash(64 << 20)
+	if err := Format(c, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(c, Options{CommitInterval: -1, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := mustCreate(t, s, "a", 1<<20)
+	block := bytes.Repeat([]byte{0xab}, 4096)
+	if _, err := d.WriteAt(block, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return c, s, d, block
 }
