@@ -398,6 +398,9 @@ func TestCommitBackgroundReplaced(t *testing.T) {
 	if got := s.Metrics().Counters.UnflushedCommits; got != 2 {
 		t.Fatalf("%d commits written without a flush, want 2", got)
 	}
+	if s.lazy.count != 1 {
+		t.Fatalf("the unflushed commit holds %d records after two ticks over one disk, want 1 (the later times)", s.lazy.count)
+	}
 	mode := uint32(0o600)
 	if err := d.SetAttr(AttrChange{Mode: &mode}); err != nil {
 		t.Fatal(err)
@@ -457,4 +460,29 @@ func committedBlock(t *testing.T) (*backend.Crash, *Store, *Disk, []byte) {
 		t.Fatal(err)
 	}
 	return c, s, d, block
+}
+
+// TestDropSupersededTimes: a disk's later times record replaces its
+// earlier one in a lazy commit; other disks' records stay, in order.
+func TestDropSupersededTimes(t *testing.T) {
+	times := func(id uint64, mtime int64) record {
+		return record{Type: recAttr, ID: id, Attr: diskAttr{Mode: 0o644, Mtime: mtime}}
+	}
+	encode := func(rs ...record) ([]byte, uint32) {
+		var b []byte
+		for i := range rs {
+			b = appendRecord(b, &rs[i])
+		}
+		return b, uint32(len(rs))
+	}
+	older, on := encode(times(1, 10), times(2, 10), times(3, 10))
+	newer, nn := encode(times(2, 20))
+	kept, n := dropSupersededTimes(older, on, newer, nn)
+	got, err := decodeRecords(kept, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != times(1, 10) || got[1] != times(3, 10) {
+		t.Fatalf("kept %+v, want disks 1 and 3 at their earlier times", got)
+	}
 }

@@ -143,9 +143,42 @@ type lazyCommit struct {
 }
 
 // maxLazyBytes bounds the records of a lazy commit (Store.lazy), which
-// every timer tick grows by the dirty times of the disks written since
-// the last one until a flush covers it: a commit past it is flushed.
+// holds a times record for every disk written since the last flush
+// (dropSupersededTimes): a commit past it is flushed.
 const maxLazyBytes = 64 << 10
+
+// dropSupersededTimes returns the records of older, the times records of
+// a lazy commit (Store.lazy), less those of the disks that newer, the next
+// tick's, has a times record for: a disk's later record carries everything
+// its earlier one did (mode, owner, times), and so a lazy commit grows with
+// the number of disks written, not with every tick. On a record it cannot
+// decode it keeps them all, which is only larger.
+func dropSupersededTimes(older []byte, olderCount uint32, newer []byte, newerCount uint32) ([]byte, uint32) {
+	olds, err := decodeRecords(older, olderCount)
+	if err != nil {
+		return older, olderCount
+	}
+	news, err := decodeRecords(newer, newerCount)
+	if err != nil {
+		return older, olderCount
+	}
+	fresh := make(map[uint64]bool, len(news))
+	for _, r := range news {
+		if r.Type == recAttr {
+			fresh[r.ID] = true
+		}
+	}
+	var kept []byte
+	var n uint32
+	for i := range olds {
+		if olds[i].Type == recAttr && fresh[olds[i].ID] {
+			continue
+		}
+		kept = appendRecord(kept, &olds[i])
+		n++
+	}
+	return kept, n
+}
 
 // writeCommitLockedCommit writes part, taken from s.mu.pend, as one journal
 // commit: flush the data its records point to, write the commit, flush it,
@@ -180,8 +213,12 @@ func (s *Store) writeCommitLockedCommit(part pending, writes uint64, lazy bool) 
 		// Written over the lazy commit, which no flush covers yet.
 		seq = s.lazy.seq
 		s.jOff = s.lazy.off
-		part.recs = append(append(make([]byte, 0, len(s.lazy.recs)+len(part.recs)), s.lazy.recs...), part.recs...)
-		part.count += s.lazy.count
+		older, n := s.lazy.recs, s.lazy.count
+		if lazy {
+			older, n = dropSupersededTimes(older, n, part.recs, part.count)
+		}
+		part.recs = append(append(make([]byte, 0, len(older)+len(part.recs)), older...), part.recs...)
+		part.count += n
 	default:
 		s.mu.nextSeq++
 	}
