@@ -94,8 +94,8 @@ func (s *Store) commitLockedCommit(wantRec, wantWrites uint64, times, background
 		return nil
 	}
 	if s.jOff+commitSize(len(p.recs), p.count) <= s.journalLen*3/4 {
-		// A lazy commit grows by the times of every tick until a flush
-		// (Store.lazy); past maxLazyBytes the timer flushes once.
+		// A lazy commit holds the times of every disk written since the
+		// last flush (Store.lazy); past maxLazyBytes the timer flushes.
 		lazy := background && !p.more && len(p.quarantine) == 0 && len(s.lazy.recs) < maxLazyBytes
 		return s.writeCommitLockedCommit(p.take(), writes, lazy)
 	}
