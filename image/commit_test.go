@@ -221,6 +221,13 @@ func TestWriteAtSync(t *testing.T) {
 	}{
 		{name: "overwrite in place, aligned", off: 0, n: 4096, durable: 1},
 		{name: "overwrite in place, unaligned", off: 4096 + 100, n: 1000, durable: 1},
+		{name: "overwrite after the timer's unflushed commit of times", off: 0, n: 4096, durable: 1,
+			before: func() error {
+				if _, err := d.WriteAt(old[:4096], 0); err != nil {
+					return err
+				}
+				return s.commitBackground()
+			}},
 		{name: "into a hole", off: 64 << 10, n: 4096, flushes: 2, commits: 1},
 		{name: "overwrite while a record is pending", off: 0, n: 4096, flushes: 2, commits: 1,
 			before: func() error { _, err := d.WriteAt(old[:4096], 128<<10); return err }},

@@ -50,7 +50,8 @@ func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
 // the disk's size (O_DSYNC, RWF_DSYNC), and with all the times too (O_SYNC).
 //
 // An O_DSYNC overwrite in place of blocks whose mappings are all durable
-// (no journal record of the store is pending) goes to the backing as
+// (no journal record of the store but the disks' dirty times is pending,
+// Store.mappingsDurable) goes to the backing as
 // durable writes (Backend.WriteAtDurable, a FUA write) and needs no
 // commit, so concurrent ones do not wait for each other or for a flush.
 // Any other synchronous write (into a hole, growing the disk, while
@@ -439,6 +440,19 @@ func (d *disk) grows(end int64) bool {
 func (s *Store) recordsDurable() bool {
 	s.mu.Lock()
 	appended := s.mu.recGen
+	s.mu.Unlock()
+	return s.durableRec.Load() >= appended
+}
+
+// mappingsDurable is recordsDurable but for the disks' dirty times: what
+// a synchronous overwrite in place needs durable before it may go to the
+// backing as a durable write alone. O_DSYNC does not promise the times
+// (an O_SYNC write commits them), and the commit timer's unflushed commit
+// holds nothing else (Store.lazy), so an O_DSYNC writer does not pay a
+// flush after every tick of the timer.
+func (s *Store) mappingsDurable() bool {
+	s.mu.Lock()
+	appended := s.mu.moreGen
 	s.mu.Unlock()
 	return s.durableRec.Load() >= appended
 }

@@ -246,7 +246,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	// be, and durable writes make it so. The range lock keeps this
 	// range's mappings as they are, and every record that made them was
 	// appended before the lookup.
-	pl.Durable = m.fua && !holes && off+n <= size && s.recordsDurable()
+	pl.Durable = m.fua && !holes && off+n <= size && s.mappingsDurable()
 	if m.fua && !m.wait && !pl.Durable {
 		pl.release()
 		return errDeclined // needs a commit: WriteAtSync's business

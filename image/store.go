@@ -132,6 +132,7 @@ type Store struct {
 		releasing int               // commits that took a quarantine and have not released it yet
 		pend      pending           // records not yet committed, the blocks they free
 		recGen    uint64            // records ever appended
+		moreGen   uint64            // recGen after the last record but dirty times (Store.mappingsDurable)
 		nextSeq   uint64            // sequence number of the next commit
 		extents   int               // extents in all maps, for the checkpoint reserve
 		failed    error             // set once a flush or metadata write failed
@@ -526,6 +527,7 @@ func (s *Store) writable() error {
 func (s *Store) appendLockedMu(recs ...record) {
 	s.mu.pend.add(recs)
 	s.mu.recGen += uint64(len(recs))
+	s.mu.moreGen = s.mu.recGen
 }
 
 // appendTimesLockedMu queues the attr record of a disk's dirty times
