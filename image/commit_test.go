@@ -493,3 +493,13 @@ func TestDropSupersededTimes(t *testing.T) {
 		t.Fatalf("kept %+v, want disks 1 and 3 at their earlier times", got)
 	}
 }
+
+// recordsDurable reports whether every journal record appended so far,
+// the disks' dirty times included, is durable (mappingsDurable leaves the
+// times out).
+func (s *Store) recordsDurable() bool {
+	s.mu.Lock()
+	appended := s.mu.recGen
+	s.mu.Unlock()
+	return s.durableRec.Load() >= appended
+}

@@ -435,21 +435,13 @@ func (d *disk) grows(end int64) bool {
 	return end > d.attr.Size
 }
 
-// recordsDurable reports whether every journal record appended so far is
-// durable: then every mapping in memory is on the backing too.
-func (s *Store) recordsDurable() bool {
-	s.mu.Lock()
-	appended := s.mu.recGen
-	s.mu.Unlock()
-	return s.durableRec.Load() >= appended
-}
-
-// mappingsDurable is recordsDurable but for the disks' dirty times: what
-// a synchronous overwrite in place needs durable before it may go to the
-// backing as a durable write alone. O_DSYNC does not promise the times
-// (an O_SYNC write commits them), and the commit timer's unflushed commit
-// holds nothing else (Store.lazy), so an O_DSYNC writer does not pay a
-// flush after every tick of the timer.
+// mappingsDurable reports whether every journal record appended so far
+// but the disks' dirty times is durable: then every mapping in memory is
+// on the backing too, which a synchronous overwrite in place needs before
+// it may go to the backing as a durable write alone. O_DSYNC does not
+// promise the times (an O_SYNC write commits them), and the commit timer's
+// unflushed commit holds nothing else (Store.lazy), so an O_DSYNC writer
+// does not pay a flush after every tick of the timer.
 func (s *Store) mappingsDurable() bool {
 	s.mu.Lock()
 	appended := s.mu.moreGen
