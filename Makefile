@@ -7,6 +7,8 @@
 #   make install [PREFIX=/usr/local] [DESTDIR=]   binary, man pages, completion, systemd unit, contrib files
 #   make deb                                      build/vdiskfs_VERSION_ARCH.deb (nfpm)
 #   make docs                                     man pages and completion into $(BUILD)/docs
+# For measuring:
+#   make compare                                  bin/compare, the compare tool (its own module, tools/compare)
 
 MNT ?= /mnt/vdisks
 TAGS ?=
@@ -32,10 +34,15 @@ DEB_ARCH ?= $(shell go env GOARCH)
 SHARE = $(DESTDIR)$(PREFIX)/share
 DEB_ROOT = $(abspath $(BUILD))/deb/root
 
-.PHONY: run test build docs install deb clean
+.PHONY: run test build compare docs install deb clean
 
 build:
 	go build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o bin/vdisk ./cmd/vdisk
+
+# The compare tool is a module of its own (its chart needs a plotting
+# stack that vdisk users should not download).
+compare:
+	cd tools/compare && go build -o ../../bin/compare .
 
 run: build
 	bin/vdisk mount $(MNT)

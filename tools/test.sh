@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this through `make test`).
-# It installs what the tests need, then: gofmt, go vet, staticcheck, the race
+# It installs what the tests need, then, over both Go modules (vdiskfs and
+# tools/compare): gofmt, go vet, staticcheck, the race
 # detector over every package with concurrency (-short sizes), the full suite
 # without it, the build with the Ceph RBD backend (tag rbd) and its tests on
 # a one-node cluster (tools/test-rbd.sh), and a last look for mounts or loop
@@ -46,8 +47,13 @@ export TMPDIR=$run_tmp
 list_mounts() { awk -v p="$run_tmp/" 'index($2, p) == 1 {print $2}' /proc/mounts; }
 list_loops() { if command -v losetup >/dev/null; then losetup -a | grep -F "$run_tmp/" || true; fi; }
 
+# Two Go modules: vdiskfs itself, and the compare tool (tools/compare, its
+# own module so that its charting stack stays out of vdiskfs's go.mod).
+modules=(. tools/compare)
+in_modules() { for m in "${modules[@]}"; do (cd "$m" && "$@"); done; }
+
 log "go mod download"
-go mod download
+in_modules go mod download
 
 log "gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -56,14 +62,15 @@ if [ -n "$unformatted" ]; then
 fi
 
 log "go vet"
-go vet ./...
+in_modules go vet ./...
 
 log "staticcheck"
 STATICCHECK_VERSION=v0.8.2
 if ! command -v staticcheck >/dev/null 2>&1; then
 	GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"
 fi
-"$(go env GOPATH)/bin/staticcheck" ./... 2>/dev/null || staticcheck ./...
+staticcheck_bin=$(command -v staticcheck || echo "$(go env GOPATH)/bin/staticcheck")
+in_modules "$staticcheck_bin" ./...
 
 log "make deb, and what the package holds (dpkg-deb -c)"
 make deb BUILD="$run_tmp/build" >/dev/null
@@ -85,10 +92,15 @@ dpkg-deb -x "$deb" "$run_tmp/deb-root"
 rm -rf "$run_tmp/build" "$run_tmp/deb-root"
 
 log "go test -race -short (every package)"
-go test -race -short -count=1 -timeout 20m ./...
+in_modules go test -race -short -count=1 -timeout 20m ./...
 
 log "go test (full sizes)"
-go test -count=1 -timeout 20m ./...
+in_modules go test -count=1 -timeout 20m ./... 2>&1 | tee "$run_tmp/full.log"
+
+# Where CI's time goes: every package's time in the full-size run, slowest
+# first (go test prints it on each package's ok line).
+log "time per package (full sizes, slowest first)"
+awk '$1 == "ok" && $3 ~ /s$/ {t = $3; sub(/s$/, "", t); printf "%8.1fs  %s\n", t, $2}' "$run_tmp/full.log" | sort -rn | head -20
 
 # Stores on Ceph RBD (build tag rbd), against a one-node cluster that
 # tools/test-rbd.sh starts and stops.
