@@ -372,7 +372,6 @@ func benchSnapshot(b *testing.B, s *Store, cb *countingBackend, extents int) {
 // 4 KiB writes go to every block of a 64 MiB disk (and of a 1 GiB one) in random order, 1 MiB
 // writes to every MiB of a 1 GiB disk in order; each disk is written once
 // (a fresh one, and a fresh snapshot, when it is used up, off the clock).
-// tools/perf/cow.sh measures the same through a mount.
 func BenchmarkEngineFirstWrite(b *testing.B) {
 	for _, bs := range []int{4096, 1 << 20} {
 		for _, cow := range []bool{false, true} {
@@ -387,7 +386,7 @@ func BenchmarkEngineFirstWrite(b *testing.B) {
 			b.Run(name, func(b *testing.B) { benchFirstWrite(b, bs, size, cow) })
 		}
 	}
-	// The fill of issue 17 (tools/perf/fill.sh): every block of a 1 GiB
+	// The random fill (the compare tool's rand-fill-4k-qd32): every block of a 1 GiB
 	// disk once, at random, where the map and the free extents grow to
 	// ~100k entries each halfway through.
 	b.Run("4KiB/holes/1GiB", func(b *testing.B) { benchFirstWrite(b, 4096, 1<<30, false) })

@@ -123,6 +123,58 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
+// Two --binary targets (one vdisk binary under two names, as an A/B of a
+// binary against itself): each formats and mounts a store of its own with
+// the daemon in the background, its counters come from vdisk stats, its
+// CPU from the daemon, and Close unmounts both.
+func TestBinaryTargets(t *testing.T) {
+	needMounts(t)
+	bin := filepath.Join(t.TempDir(), "vdisk")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/vdisk")
+	build.Dir = filepath.Join("..", "..") // the vdiskfs module, whose go.sum has cmd/vdisk's dependencies
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build vdisk: %v\n%s", err, out)
+	}
+	scratch := t.TempDir()
+	js := filepath.Join(t.TempDir(), "r.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{
+		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "2s", "--ramp", "0s", "--settle", "0s",
+		"--workloads", "seq-write-1m-qd16", "--binary", "a=" + bin, "--binary", "b=" + bin,
+		"--targets", "a,b", "--baseline", "a", "--json", js,
+	}, &stdout, &stderr)
+	t.Logf("stderr:\n%s", stderr.String())
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	f, err := os.Open(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := readReport(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs, want 1 workload × 2 targets", len(rep.Runs))
+	}
+	for _, r := range rep.Runs {
+		if r.Target != "a" && r.Target != "b" {
+			t.Errorf("run on target %q", r.Target)
+		}
+		if r.MBps <= 0 || r.Req == nil || r.Req.ios() < r.FioIOs || r.ServerCPU == nil {
+			t.Errorf("%s on %s: %+v", r.Workload, r.Target, r)
+		}
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), scratch) {
+		t.Errorf("mounts left under %s:\n%s", scratch, mi)
+	}
+}
+
 // The qemu-storage-daemon target starts, serves its export, starts over
 // empty on Reset and leaves no mount. Optional: skipped without QEMU.
 func TestQSDTarget(t *testing.T) {

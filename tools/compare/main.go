@@ -65,6 +65,7 @@ type options struct {
 	commitInterval               time.Duration
 	ioEngine                     backend.Engine
 	fuseTransport                vfs.Transport
+	binaries                     []binarySpec
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -97,6 +98,19 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
 	fuseTransport := fs.String("fuse-transport", "auto", "how the in-process vdiskfs mount gets its FUSE requests: auto, io_uring or dev (fs.Options.Transport)")
 	ioEngine := fs.String("io-engine", "auto", "how the in-process vdiskfs store issues its data reads: auto, io_uring or pread (image.Options.IOEngine)")
+	fs.Func("binary", "NAME=PATH: a target NAME, a fresh store formatted and mounted by the vdisk binary PATH as a user runs it (repeat it to compare binaries, e.g. --binary old=/tmp/vdisk-old --binary new=bin/vdisk --targets old,new --baseline old)", func(v string) error {
+		b, err := parseBinary(v)
+		if err != nil {
+			return err
+		}
+		for _, have := range o.binaries {
+			if have.Name == b.Name {
+				return fmt.Errorf("--binary %s given twice", b.Name)
+			}
+		}
+		o.binaries = append(o.binaries, b)
+		return nil
+	})
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: compare [flags]\n\nRuns the same fio workloads on a vdiskfs disk and on a go-fuse pass-through of a plain file\n(same FUSE settings, same backing), round after round, and reports medians and ratios.\n\n")
@@ -154,9 +168,15 @@ func parseSize(s string) (int64, error) {
 // names them in.
 var allTargets = []string{targetVdiskfs, targetPassthrough, targetRaw, targetQSD}
 
-func parseTargets(s string) ([]string, error) {
+// parseTargets reads --targets: built-in names, and the names of --binary
+// targets, which come after the built-in ones.
+func parseTargets(s string, binaries []binarySpec) ([]string, error) {
+	known := slices.Clone(allTargets)
+	for _, b := range binaries {
+		known = append(known, b.Name)
+	}
 	if s == "all" {
-		return slices.Clone(allTargets), nil
+		return known, nil
 	}
 	want := map[string]bool{}
 	for _, t := range strings.Split(s, ",") {
@@ -164,13 +184,13 @@ func parseTargets(s string) ([]string, error) {
 		if t == "qsd" {
 			t = targetQSD
 		}
-		if !slices.Contains(allTargets, t) {
-			return nil, fmt.Errorf("--targets: unknown target %q (have %s)", t, strings.Join(allTargets, ", "))
+		if !slices.Contains(known, t) {
+			return nil, fmt.Errorf("--targets: unknown target %q (have %s)", t, strings.Join(known, ", "))
 		}
 		want[t] = true
 	}
 	var out []string
-	for _, t := range allTargets {
+	for _, t := range known {
 		if want[t] {
 			out = append(out, t)
 		}
@@ -281,7 +301,7 @@ var errMissing = errors.New("missing prerequisite")
 // measure sets the targets up, runs the rounds and tears everything down.
 // The report holds every run made, also when it returns an error.
 func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, err error) {
-	targetNames, err := parseTargets(o.targets)
+	targetNames, err := parseTargets(o.targets, o.binaries)
 	if err != nil {
 		return nil, err
 	}
@@ -400,6 +420,9 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			t, err = newRaw(filepath.Join(work, "raw.img"), o.size)
 		case targetQSD:
 			t, err = newQSD(ctx, work, o.size)
+		default:
+			i := slices.IndexFunc(o.binaries, func(b binarySpec) bool { return b.Name == name })
+			t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("setting up %s: %w%s", name, err, mountHint(err))
@@ -509,8 +532,10 @@ func checkSpace(dir string, size int64, targets []string, ownStore bool) error {
 			}
 		case targetQSD:
 			need += size + size/16
-		default:
+		case targetPassthrough, targetRaw:
 			need += size
+		default: // a --binary target: a store of its own
+			need += size + size/16 + 128<<20
 		}
 	}
 	var st unix.Statfs_t

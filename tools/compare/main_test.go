@@ -25,15 +25,40 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseTargets(t *testing.T) {
-	got, err := parseTargets("passthrough, qsd,vdiskfs")
+	got, err := parseTargets("passthrough, qsd,vdiskfs", nil)
 	if err != nil || !slices.Equal(got, []string{"vdiskfs", "passthrough", "qsd-qcow2"}) {
 		t.Errorf("got %v, %v", got, err)
 	}
-	if got, _ := parseTargets("all"); len(got) != 4 {
+	if got, _ := parseTargets("all", nil); len(got) != 4 {
 		t.Errorf("all = %v", got)
 	}
-	if _, err := parseTargets("vdiskfs,nfs"); err == nil {
+	if _, err := parseTargets("vdiskfs,nfs", nil); err == nil {
 		t.Error("unknown target accepted")
+	}
+	// --binary targets come after the built-in ones, in flag order.
+	bins := []binarySpec{{Name: "new", Path: "/b/new"}, {Name: "old", Path: "/b/old"}}
+	got, err = parseTargets("old,raw,new", bins)
+	if err != nil || !slices.Equal(got, []string{"raw", "new", "old"}) {
+		t.Errorf("with binaries: got %v, %v", got, err)
+	}
+	if got, _ := parseTargets("all", bins); len(got) != 6 {
+		t.Errorf("all with binaries = %v", got)
+	}
+}
+
+func TestParseBinary(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseBinary("old=" + exe)
+	if err != nil || b.Name != "old" || b.Path != exe {
+		t.Errorf("old=%s: %+v, %v", exe, b, err)
+	}
+	for _, bad := range []string{"old", "=x", "old=", "raw=" + exe, "qsd=" + exe, "a,b=" + exe, "x=/nonexistent/vdisk", "x=" + t.TempDir()} {
+		if _, err := parseBinary(bad); err == nil {
+			t.Errorf("parseBinary(%q) accepted", bad)
+		}
 	}
 }
 

@@ -22,7 +22,7 @@
 # pool POOL (default rbd; it needs about 2 GiB per side plus the raw
 # image's); without, it starts a one-node cluster (tools/ceph/cluster.sh, a
 # memstore OSD of 16 GiB) in DIR/ceph and stops it at the end.
-# WORKLOADS="randread-4k-qd32 ..." runs only those; MOUNT_ARGS are added to
+# WORKLOADS="rand-read-4k-qd32 ..." runs only those; MOUNT_ARGS are added to
 # vdisk mount (e.g. "--fuse-transport dev").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -78,7 +78,19 @@ done
 
 # cpu PID: the process's user+system CPU in clock ticks.
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-. tools/perf/workloads.sh
+# The workloads, named as the compare tool's built-in job file names them.
+default_workloads="seq-write-1m-qd16 seq-read-1m-qd16 rand-read-4k-qd32 rand-write-4k-qd32"
+workload_args() {
+	case $1 in
+	seq-write-1m-qd1) echo --rw=write --bs=1M --iodepth=1 ;;
+	seq-write-1m-qd16) echo --rw=write --bs=1M --iodepth=16 ;;
+	ch-write-256k-qd64) echo --rw=write --bs=256k --iodepth=64 ;;
+	seq-read-1m-qd16) echo --rw=read --bs=1M --iodepth=16 ;;
+	rand-read-4k-qd32) echo --rw=randread --bs=4k --iodepth=32 ;;
+	rand-write-4k-qd32) echo --rw=randwrite --bs=4k --iodepth=32 ;;
+	*) echo "unknown workload $1 (want one of $default_workloads seq-write-1m-qd1 ch-write-256k-qd64)" >&2; return 1 ;;
+	esac
+}
 read -r -a workloads <<<"${WORKLOADS:-$default_workloads}"
 run() { # run SIDE WORKLOAD OUT
 	local args before

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// --- a vdiskfs daemon of a given vdisk binary (--binary NAME=PATH) ---
+
+// binarySpec is one --binary flag: a target called Name served by the vdisk
+// binary at Path.
+type binarySpec struct {
+	Name, Path string
+}
+
+// parseBinary reads NAME=PATH. NAME becomes a target name, so it may not
+// be one of the built-in targets.
+func parseBinary(s string) (binarySpec, error) {
+	name, path, ok := strings.Cut(s, "=")
+	name, path = strings.TrimSpace(name), strings.TrimSpace(path)
+	if !ok || name == "" || path == "" {
+		return binarySpec{}, fmt.Errorf("--binary %q: want NAME=PATH (for example old=/tmp/vdisk-old)", s)
+	}
+	if strings.ContainsAny(name, ", \t") {
+		return binarySpec{}, fmt.Errorf("--binary %q: NAME may not contain commas or spaces", s)
+	}
+	for _, t := range allTargets {
+		if name == t || name == "qsd" {
+			return binarySpec{}, fmt.Errorf("--binary %q: %s is a built-in target's name", s, name)
+		}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return binarySpec{}, err
+	}
+	if st, err := os.Stat(abs); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return binarySpec{}, fmt.Errorf("--binary %q: %s is not an executable file", s, abs)
+	}
+	return binarySpec{Name: name, Path: abs}, nil
+}
+
+// vdiskDaemon is a fresh store that the binary formats and mounts as a
+// user runs it (`vdisk mount STORE MNT`: the daemon in the background, its
+// default options), with the test disk in it. Its counters and CPU come
+// from `vdisk stats --json`, as for --mount; Close unmounts with `vdisk
+// umount`, which returns once the daemon has closed the store.
+type vdiskDaemon struct {
+	*vdiskfsMount
+	name, bin string
+}
+
+func newVdiskDaemon(ctx context.Context, spec binarySpec, dir string, size int64) (*vdiskDaemon, error) {
+	store := filepath.Join(dir, spec.Name+".store")
+	mnt := filepath.Join(dir, "mnt-"+spec.Name)
+	run := func(args ...string) error {
+		out, err := exec.CommandContext(ctx, spec.Path, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s %s: %w: %s", spec.Path, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	// Thin, with room for one disk and the blocks a reset frees before
+	// its commit, as for the in-process store.
+	if err := run("format", store, "--size", fmt.Sprint(2*size+256<<20)); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, err
+	}
+	if err := run("mount", store, mnt); err != nil {
+		return nil, err
+	}
+	m, err := newVdiskfsMount(mnt, size, spec.Path, 0)
+	if err != nil {
+		return nil, errors.Join(err, run("umount", mnt))
+	}
+	return &vdiskDaemon{vdiskfsMount: m, name: spec.Name, bin: spec.Path}, nil
+}
+
+func (t *vdiskDaemon) Name() string { return t.name }
+
+// Close removes the disk and unmounts; the store stays for the caller to
+// remove with the rest of the scratch files.
+func (t *vdiskDaemon) Close() error {
+	err := t.vdiskfsMount.Close()
+	out, uerr := exec.Command(t.bin, "umount", t.mnt).CombinedOutput()
+	if uerr != nil {
+		uerr = fmt.Errorf("%s umount %s: %w: %s", t.bin, t.mnt, uerr, strings.TrimSpace(string(out)))
+	}
+	return errors.Join(err, uerr)
+}
