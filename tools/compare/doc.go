@@ -3,13 +3,18 @@
 // with the same fio jobs, alternating the targets round after round so
 // that drift of the machine hits both alike.
 //
-// Usage (as root, fio installed):
+// It is a Go module of its own (its chart needs a plotting stack that
+// vdisk does not); `make compare` builds bin/compare. Usage (as root, fio
+// installed):
 //
-//	go run ./tools/compare                                # default workloads, 3 rounds
-//	go run ./tools/compare --targets all \
+//	bin/compare                                # default workloads, 3 rounds
+//	bin/compare --targets all \
 //	    --json docs/benchmarks.json --markdown /tmp/table.md --chart docs/benchmarks.png
-//	go run ./tools/compare --mount /mnt/vdisks --scratch /var/tmp/cmp
-//	go run ./tools/compare --from-json bench.json --chart bench.svg
+//	bin/compare --mount /mnt/vdisks --scratch /var/tmp/cmp
+//	bin/compare --binary old=/tmp/vdisk-old --binary new=bin/vdisk \
+//	    --targets old,new,raw --baseline old   # two builds and the raw file
+//	bin/compare --jobs tools/compare/jobs/syncwrite.fio --targets vdiskfs,raw --baseline raw
+//	bin/compare --from-json bench.json --chart bench.svg
 //
 // # Targets
 //
@@ -26,6 +31,11 @@
 //   - qsd-qcow2: a qcow2 image in the scratch directory exported through
 //     qemu-storage-daemon's FUSE export (cache.direct=on, aio=native): what
 //     users would pick instead of vdiskfs.
+//   - NAME, for each --binary NAME=PATH: a store formatted in the scratch
+//     directory by the vdisk binary PATH and mounted by it as a user runs
+//     it (`vdisk mount STORE MNT`, the daemon in the background, its
+//     defaults); counters and CPU as for --mount. Several --binary targets
+//     measure builds side by side, in the same alternating rounds.
 //
 // The scratch directory must be on the same backing as the store (it is by
 // default) and not on tmpfs.
