@@ -8,7 +8,7 @@
 # fio's 32, the rest are in fio or in the FUSE round trip), and, for a FUSE
 # file, the median time from the kernel queueing a READ for the server to
 # its reply. Needs root, fio, perf and python3. See docs/BENCHMARKS.md,
-# "The convoy".
+# "How to read it".
 set -euo pipefail
 file=$1
 dev=${2:-$(lsblk -no PKNAME "$(df --output=source "$(dirname "$file")" | tail -1)" 2>/dev/null || true)}

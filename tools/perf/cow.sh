@@ -22,8 +22,8 @@
 # src.raw's place: an A/A run whose ratios show how far the host alone
 # moves them.
 # Needs root, /dev/fuse, fio and python3; DIR (default /var/tmp/vdisk-cow)
-# must take O_DIRECT (not tmpfs). See docs/BENCHMARKS.md, "Clones and
-# snapshots".
+# must take O_DIRECT (not tmpfs). See docs/BENCHMARKS.md, "Paired
+# runs".
 set -euo pipefail
 rounds=${1:-3}
 seq_gib=${SEQ_GIB:-4} rand_gib=${RAND_GIB:-1} settle=${SETTLE:-5} control=${CONTROL:-0}

@@ -13,7 +13,7 @@
 # It prints every fill's IOPS and the daemon's CPU time per write, then per
 # target the median and range of IOPS and of the per-round ratio to raw.
 # Needs root, /dev/fuse, fio and python3; DIR (default /var/tmp/vdisk-fill)
-# must take O_DIRECT (not tmpfs). See docs/BENCHMARKS.md, "Placement".
+# must take O_DIRECT (not tmpfs). See docs/BENCHMARKS.md, "Paired runs".
 set -euo pipefail
 rounds=${1:-3}
 gib=${GIB:-1} settle=${SETTLE:-5}

@@ -15,7 +15,7 @@
 # What is in FUSE but not with the owner waits in the kernel for the owner
 # (queued, or being copied into the entry). With -v it also prints 60 lines
 # of the trace. Needs root, fio, python3 and tracefs; see
-# docs/BENCHMARKS.md, "The owner on the next CPU".
+# docs/BENCHMARKS.md, "How to read it".
 set -euo pipefail
 file=$1
 shift
