@@ -36,10 +36,11 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // WriteAt writes p at off, growing the disk if the write ends past its size.
-// Blocks never written before are allocated (physically right after the
-// disk's previous extent when free) and their unwritten bytes are zeros;
-// mapped blocks are overwritten in place. On error nothing of the write is
-// mapped; bytes of already-mapped blocks may have changed, as on a disk.
+// Blocks never written before are allocated where their mapped neighbours
+// in the disk aim them (docs/DESIGN.md, rule 7), and their unwritten bytes
+// are zeros; mapped blocks are overwritten in place. On error nothing of
+// the write is mapped; bytes of already-mapped blocks may have changed, as
+// on a disk.
 func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
 	n, _, err := h.write(p, off, false)
 	return n, err
