@@ -319,8 +319,8 @@ func (s *Store) abandonAllocs(sc *scratch, err error) error {
 // prepareBelow: only holes smaller than this are worth preparing the
 // backing for. A large first write pays the host file system's allocation
 // once for many blocks, and preparing its chunk would write every block
-// twice (zeros, then the data): a 1 MiB sequential stream into holes ran
-// 0.79× the pass-through with it, 1.06–1.30× without.
+// twice (zeros, then the data): a 1 MiB sequential stream into holes fell
+// below the pass-through with it and stayed above without.
 const prepareBelow = 256 << 10
 
 // errUnprepared declines a plan that cannot wait (PlanWrite) whose new
