@@ -56,8 +56,8 @@
 //     before Mount: a request's goroutine holds its P through the blocking
 //     /dev/fuse read and the O_DIRECT pread or pwrite, so with one P per
 //     CPU on a 2-CPU machine the device saw about two requests in flight;
-//     go-fuse also sizes its reader pool from GOMAXPROCS. 4 KiB random reads
-//     at iodepth 32 doubled (docs/BENCHMARKS.md has the sweep).
+//     go-fuse also sizes its reader pool from GOMAXPROCS. See MinProcs for
+//     why 8.
 //
 //   - FUSE-over-io_uring (Options.Transport, package fuseuring): after
 //     INIT (with CAP_OVER_IO_URING) the connection's requests move to one
@@ -69,10 +69,10 @@
 //     when setting up the queues fails, it serves /dev/fuse and logs why.
 //     The /dev/fuse descriptor is taken from go-fuse's Server by reflection
 //     (go-fuse does not export it; TestTransports fails if that breaks).
-//     Measured: 4 KiB random reads 53k -> 71-78k IOPS, writes 46k -> 69-75k,
-//     1 MiB writes at iodepth 1 1.2-1.6x the pass-through; 1 MiB at
-//     iodepth 16 0.92-0.99x (one CPU's queue thread does all the copying
-//     of that CPU's requests). docs/BENCHMARKS.md has the runs.
+//     Against /dev/fuse it served 4 KiB random I/O and 1 MiB writes at
+//     iodepth 1 clearly faster, 1 MiB writes at iodepth 16 a little slower
+//     (one CPU's queue thread does all the copying of that CPU's
+//     requests); docs/BENCHMARKS.md, "Results: the FUSE door", runs on it.
 //     Interrupts of requests on the ring find no request to cancel: they
 //     run to completion (a disk request is short).
 //
@@ -89,10 +89,10 @@
 //     Release waits. A write into holes gets its blocks without waiting and
 //     maps them when its I/O is done. Everything else (unaligned I/O,
 //     growing writes, a full store, ranges held by other requests, failed
-//     backing I/O) goes through go-fuse as before. Measured on one store remounted per run: 4 KiB
-//     random reads 1.10x with a third of the p99, 4 KiB writes 0.99x with
-//     less than half the p99, 1 MiB writes at iodepth 16 1.04x; server CPU
-//     per 4 KiB request 6.2 -> 1.9-2.6 s/GB. docs/BENCHMARKS.md has the runs.
+//     backing I/O) goes through go-fuse as before. Serving a request on the
+//     owner saves a hand-off to a goroutine and back: small random I/O
+//     gets lower tail latency and a fraction of the server's CPU per
+//     request.
 //
 //   - MaxWrite 1 MiB (256 pages; max_read the same): one READ or WRITE is
 //     one backend run, so dd bs=1M oflag=direct is one backend write per MiB.
@@ -136,18 +136,11 @@
 //
 // Opens without O_DIRECT (cp, dd, qemu-img with its default cache modes) get
 // direct_io too. BenchmarkBufferedOpen mounts two stores side by side, one
-// per mode, and alternates between them every iteration (256 MiB; two runs
-// on a loaded 2-core machine). MB/s, direct_io vs the page cache (with
-// FOPEN_KEEP_CACHE):
-//
-//	cp into the mount (1 MiB writes)    1072-1142  vs   651-667
-//	dd bs=128K write                      404-677  vs   380-580
-//	qemu-img convert                     820-1158  vs   604-640
-//	qemu-img convert -W (parallel)      1053-1282  vs   519-552
-//	dd bs=1M read, cold                  831-1035  vs   482-610
-//	dd bs=128K read, cold                 379-412  vs   486-583  (readahead)
-//	dd bs=1M read, cached                 667-760  vs 3059-7128
-//	random 4 KiB preads, cached             31-32  vs 2107-2349
+// per mode, and alternates between them every iteration; its figures are in
+// docs/BENCHMARKS.md, "Buffered opens". direct_io was faster for cp into the
+// mount, dd writes, qemu-img convert (far more with -W) and cold 1 MiB
+// reads; the page cache for cold 128 KiB reads (readahead) and, by orders
+// of magnitude, for re-reads of cached data.
 //
 // Disk images are written and read in large sequential I/O, and a guest
 // caches its own reads, so direct_io wins where it matters; the page cache

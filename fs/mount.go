@@ -66,7 +66,8 @@ type Options struct {
 	Transport Transport
 
 	// pageCache makes buffered (non-O_DIRECT) opens use the kernel page
-	// cache instead of direct_io. For the benchmark that chose direct_io.
+	// cache instead of direct_io. For the benchmark that chose direct_io
+	// (BenchmarkBufferedOpen; docs/BENCHMARKS.md, "Buffered opens").
 	pageCache bool
 }
 

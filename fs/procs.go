@@ -16,11 +16,11 @@ import (
 // the P back, which sysmon does on a tick of 20 µs to 10 ms. With
 // GOMAXPROCS equal to a small machine's 2 CPUs, two sleeping calls leave no
 // P for the next request: the device sees a couple of I/Os in flight
-// instead of the client's queue depth, and requests wait for sysmon. On
-// this project's 2-CPU machine, 4 KiB random reads at iodepth 32 went from
-// 19.8k IOPS (p99 28 ms, 42% of the CPU idle) with 2 Ps to 41.7k (p99
-// 4.4 ms) with 8; docs/BENCHMARKS.md has the sweep. More Ps cost nothing
-// while idle: a P only runs when a goroutine is runnable.
+// instead of the client's queue depth, and requests wait for sysmon while
+// the CPUs idle. Eight was the smallest count that let a 2-CPU machine
+// keep fio's 4 KiB random reads at iodepth 32 in flight at the device;
+// more bought nothing and made runs noisier. More Ps cost nothing while
+// idle: a P only runs when a goroutine is runnable.
 //
 // go-fuse also sizes its pool of /dev/fuse readers from GOMAXPROCS (2 to
 // 16) when the server is created, so the value must be set before Mount.

@@ -60,8 +60,9 @@ func wantIOURing(t Transport) (bool, error) {
 // StoreEngine is the I/O engine to open a store with that will be mounted
 // with transport t, when the operator chose engine (auto by default). With
 // FUSE-over-io_uring, reads are plain preads issued by the request's
-// handler: a backend io_uring adds a second hand-off per read, and 4 KiB
-// random reads fell from 67k to 49k IOPS with it (docs/BENCHMARKS.md).
+// handler: the request already arrives on a ring, and a backend io_uring
+// would add a second hand-off to another thread per read, which made small
+// random reads slower.
 func StoreEngine(t Transport, engine backend.Engine) backend.Engine {
 	if engine != backend.EngineAuto {
 		return engine

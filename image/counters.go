@@ -7,8 +7,9 @@ import (
 )
 
 // Counters count what every layer of the store passes down, so that the
-// size of I/O can be seen at each step (the seed's diagnosis: "1 MB /
-// 220,000 IOPS ≈ 4 KB per I/O" stayed invisible because no layer counted).
+// size of I/O can be seen at each step (the seed's diagnosis, that every
+// large request went down as 4 KiB I/Os, stayed invisible because no layer
+// counted).
 // All fields are safe for concurrent use; read them through Store.Metrics or
 // Store.Counters.
 //

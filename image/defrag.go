@@ -57,11 +57,11 @@ type DefragResult struct {
 //   - The disk reads the same bytes before, during and after: only mapped
 //     blocks are copied, holes stay holes, and the size and times stay as
 //     they are.
-//   - It is crash-safe like any write into holes (package doc, rules 1 and
-//     3): the data is copied into newly allocated blocks, the commit that
-//     maps them flushes that data before it writes their records, and the
-//     old blocks go to the quarantine, free only once the records freeing
-//     them are durable. After a crash every block of the disk is mapped
+//   - It is crash-safe like any write into holes (docs/DESIGN.md, crash
+//     rules 1 and 3): the data is copied into newly allocated blocks, the
+//     commit that maps them flushes that data before it writes their
+//     records, and the old blocks go to the quarantine, free only once the
+//     records freeing them are durable. After a crash every block of the disk is mapped
 //     either to its old copy or to its new one.
 //   - It works in chunks of defragChunkBytes of virtual space, each under
 //     the disk's exclusive range lock and followed by a commit, so the

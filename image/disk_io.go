@@ -36,10 +36,11 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // WriteAt writes p at off, growing the disk if the write ends past its size.
-// Blocks never written before are allocated (physically right after the
-// disk's previous extent when free) and their unwritten bytes are zeros;
-// mapped blocks are overwritten in place. On error nothing of the write is
-// mapped; bytes of already-mapped blocks may have changed, as on a disk.
+// Blocks never written before are allocated where their mapped neighbours
+// in the disk aim them (docs/DESIGN.md, rule 7), and their unwritten bytes
+// are zeros; mapped blocks are overwritten in place. On error nothing of
+// the write is mapped; bytes of already-mapped blocks may have changed, as
+// on a disk.
 func (h *Disk) WriteAt(p []byte, off int64) (int, error) {
 	n, _, err := h.write(p, off, false)
 	return n, err
@@ -318,8 +319,8 @@ func (s *Store) abandonAllocs(sc *scratch, err error) error {
 // prepareBelow: only holes smaller than this are worth preparing the
 // backing for. A large first write pays the host file system's allocation
 // once for many blocks, and preparing its chunk would write every block
-// twice (zeros, then the data): a 1 MiB sequential stream into holes ran
-// 0.79× the pass-through with it, 1.06–1.30× without.
+// twice (zeros, then the data): a 1 MiB sequential stream into holes fell
+// below the pass-through with it and stayed above without.
 const prepareBelow = 256 << 10
 
 // errUnprepared declines a plan that cannot wait (PlanWrite) whose new

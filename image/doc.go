@@ -20,29 +20,37 @@
 // punched and zero-ranged bytes, and the unwritten part of a newly allocated
 // block read as zeros: a disk never shows bytes it did not write.
 //
-// The rules that give this:
+// The crash rules that give this are numbered in docs/DESIGN.md ("crash
+// rule N" in comments means that list); this package keeps them so:
 //
-//  1. New data goes to newly allocated blocks; its mapping is journalled
-//     only after the data write completed, and a commit holding mappings
-//     flushes the data before it writes the journal (a commit without one
-//     has no data to order and flushes once, after its journal write,
-//     unless a truncate or punch zeroed part of a block in place before its
-//     record: that zeroing is flushed first too).
-//  2. Writes to mapped, unshared blocks go in place.
-//  3. Freed blocks (punch, truncate, remove) stay in quarantine until the
-//     record that frees them is durable; only then may another disk get them.
-//  4. A journal commit carries a CRC-32C and a sequence number; replay stops
-//     at the first commit that fails either. A failing commit followed by a
-//     valid later one is damage (ErrCorrupt), not a torn tail.
-//  5. A checkpoint (catalog, every map, the free map) goes to fresh blocks;
-//     both superblock copies then point to it, one after the other, each
-//     flushed. The old checkpoint's blocks are released only after that.
-//  6. After a failed flush the store refuses further writes and syncs
-//     (ErrFailed): no later sync may pretend to cover data that was lost.
-//  7. A shared block (a clone's, a snapshot's: share.go) is never written
-//     in place; the write goes to new blocks, and the old one loses a
-//     reference only when that record is durable (rule 3 again), so its
-//     other owner writes around it until then. A block is free at count 0.
+//   - Crash rule 1: new data goes to newly allocated blocks; its mapping is
+//     journalled only after the data write completed, and a commit holding
+//     mappings flushes the data before it writes the journal (a commit
+//     without one has no data to order and flushes once, after its journal
+//     write, unless a truncate or punch zeroed part of a block in place
+//     before its record: that zeroing is flushed first too).
+//   - Crash rule 2: writes to mapped, unshared blocks go in place.
+//   - Crash rule 3: freed blocks (punch, truncate, remove) stay in
+//     quarantine (quarantineLockedMu) until the record that frees them is
+//     durable; only then may another disk get them (releaseLockedCommit).
+//   - Crash rule 4: a journal commit carries a CRC-32C and a sequence
+//     number; replay stops at the first commit that fails either. A failing
+//     commit followed by a valid later one is damage (ErrCorrupt), not a
+//     torn tail.
+//   - Crash rule 5: Sync commits, the timer commits (commitBackground: a
+//     commit of times alone is written without a flush, and the next
+//     commit replaces it), and Close checkpoints. A checkpoint (catalog,
+//     every map, the free map) goes to fresh blocks; both superblock copies
+//     then point to it, one after the other, each flushed. The old
+//     checkpoint's blocks are released only after that.
+//   - Crash rule 6: after a failed flush the store refuses further writes
+//     and syncs (ErrFailed): no later sync may pretend to cover data that
+//     was lost.
+//   - Crash rule 7: a shared block (a clone's, a snapshot's: share.go) is
+//     never written in place; the write goes to new blocks, and the old one
+//     loses a reference only when that record is durable (the quarantine of
+//     crash rule 3), so its other owner writes around it until then. A
+//     block is free at count 0.
 //
 // # One data path
 //
@@ -109,12 +117,15 @@
 // Rename over an existing disk holds two disks' mu at once, the lower id
 // first.
 //
-// The range lock orders overlapping requests on one disk (shared for reads,
-// exclusive for writes, punches and truncates) and is the only lock held
-// across backend data I/O (but for prepMu, across a preparation's zeros); an IOPlan (PlanRead, PlanWrite) holds it, taken
-// without waiting, while its caller's own I/O is in flight, from the plan
-// to Finish or Abort. commitMu is held across metadata I/O, which only
-// commits and checkpoints do. Store.cut is taken shared by every change of
+// Three of them are held across backend I/O (docs/DESIGN.md, rule 4). The
+// range lock orders overlapping requests on one disk (shared for reads,
+// exclusive for writes, punches and truncates) and is held across the data
+// I/O of its range: an IOPlan (PlanRead, PlanWrite) holds it, taken without
+// waiting, while its caller's own I/O is in flight, from the plan to Finish
+// or Abort. prepMu is held across the zeros that prepare a chunk of the
+// backing (Store.prepareChunk). commitMu is held across metadata I/O, which
+// only commits, checkpoints, format upgrades, Check and Repair do. The
+// others guard memory only. Store.cut is taken shared by every change of
 // state together with its journal records, and exclusively by a
 // checkpoint's capture and by Check, which therefore see one consistent cut.
 //

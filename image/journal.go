@@ -35,11 +35,11 @@ func (s *Store) CommitData() error { return s.commit(false, false) }
 // the data behind such a commit are overwrites in place, which the
 // contract does not make durable before an fsync either, and on a host
 // whose flush writes back its own cache, a flush every interval stalled
-// every write in flight for up to a second (docs/BENCHMARKS.md, "The
-// timer's flush"). A commit with any other record (maps, sizes, names,
-// punches, deletes) is flushed as Commit's is: the timer still bounds how
-// long a write into a hole or a change to the catalog can be lost, and
-// freed blocks leave quarantine only once their record is durable.
+// every write in flight while the host wrote back. A commit with any other
+// record (maps, sizes, names, punches, deletes) is flushed as Commit's is:
+// the timer still bounds how long a write into a hole or a change to the
+// catalog can be lost, and freed blocks leave quarantine only once their
+// record is durable.
 func (s *Store) commitBackground() error { return s.commit(true, true) }
 
 func (s *Store) commit(times, background bool) error {

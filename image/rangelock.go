@@ -11,8 +11,8 @@ import "sync"
 // hole safe while FUSE sends parallel direct writes, and what keeps a read
 // from racing a punch that frees (and lets another disk reuse) its blocks.
 //
-// The lock is held across backend I/O; it is the only lock that is (see
-// docs/DESIGN.md, rule 4: it orders requests, it does not guard shared memory).
+// The lock is held across the backend I/O of its range (docs/DESIGN.md,
+// rule 4): it orders requests, it does not guard shared memory.
 type rangeLock struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when a range is released and someone waits

@@ -64,6 +64,7 @@ type Options struct {
 // Concurrency: every exported method is safe for concurrent use. Locks, in
 // the order they are taken:
 //
+//	prepMu    serialises the preparation of the backing's chunks;
 //	commitMu  serialises commits, checkpoints, Check, Repair and Close;
 //	cut       shared by every state change (a map or catalog update together
 //	          with its journal records), exclusive for a checkpoint's capture
@@ -72,10 +73,12 @@ type Options struct {
 //	          the lower id first);
 //	mu        the catalog, allocator, pending journal records and quarantine.
 //
-// No lock but a disk's range lock is held across backend data I/O; commitMu
-// is held across metadata I/O, which only commits and checkpoints do. A
-// function that needs one of these held names it in its suffix (LockedMu,
-// LockedCommit, LockedCut; see the package doc, Concurrency).
+// Held across backend I/O (docs/DESIGN.md, rule 4): a disk's range lock
+// (taken before all of these) across its range's data I/O, prepMu across
+// a preparation's zeros, commitMu across metadata I/O, which only commits,
+// checkpoints, format upgrades, Check and Repair do. A function that needs
+// one of these held names it in its suffix (LockedMu, LockedCommit,
+// LockedCut; see the package doc, Concurrency).
 type Store struct {
 	be         backend.Backend
 	log        logrus.FieldLogger

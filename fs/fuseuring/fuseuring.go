@@ -69,8 +69,9 @@
 // pinning it a page at a time, and the backing I/O out of it takes a
 // segment per physically contiguous piece. With 4 KiB pages a 1 MiB write
 // was 256 segments, more than virtio-blk's 254 per request, so the device
-// got two requests for it; with huge pages it gets one. 1 MiB writes at
-// iodepth 1 went from 0.65x to 1.07x the raw file's MB/s (docs/BENCHMARKS.md).
+// got two requests for it; with huge pages it gets one, and its copy pins
+// a few large pages instead of 256 small ones. That is what brought large
+// writes at iodepth 1 up to the raw file's speed.
 //
 // Invariants: only a queue's owner touches its ring and its completion
 // queue; an entry is either with the kernel (registered or committed and
@@ -138,13 +139,13 @@ const (
 	// an io_uring_enter of their own (what is left goes at the end of the
 	// pass). io_uring plugs the block layer for a batch of three or more:
 	// no request of the batch reaches the device until the kernel has
-	// built them all, so in a batch of ~27 random 4 KiB reads each waited
-	// ~0.15 ms in the plug. One io_uring_enter per request avoided that
-	// but cost a system call each, and a system call is dear in a virtual
-	// machine. Groups of four, against one at a time, paired runs of 4
-	// KiB random I/O at iodepth 32 (docs/BENCHMARKS.md, "Backing I/O in
-	// groups of four"): reads 45k -> 63-66k IOPS, writes 48k -> 49-50k, the
-	// daemon's CPU -25%; a whole pass per batch made writes slower (37k).
+	// built them all, so in a batch of a queue's worth of random 4 KiB
+	// reads each waited in the plug. One io_uring_enter per request avoided that but cost a
+	// system call each, and a system call is dear in a virtual machine.
+	// Groups of four, in paired runs of 4 KiB random I/O at iodepth 32,
+	// beat one at a time for reads by far and for writes a little, with
+	// a quarter of the system calls and less of the daemon's CPU; a whole
+	// pass per batch made writes slower than either.
 	// Larger requests stay batched per pass: the plug merges neighbours
 	// of a sequential stream into larger device requests.
 	smallIO    = 64 << 10
@@ -378,8 +379,8 @@ type queue struct {
 	}
 	// work hands requests from the owner to the queue's workers, one per
 	// entry: long-lived goroutines keep the stack a request needs, where a
-	// goroutine per request spent 16% of the server's CPU growing its
-	// stack. Closed by the owner when it exits.
+	// goroutine per request spent a large share of the server's CPU
+	// growing its stack. Closed by the owner when it exits.
 	work     chan *entry
 	handlers sync.WaitGroup // requests being handled
 	exited   chan struct{}
@@ -472,22 +473,20 @@ func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) 
 // ownerCPU is the CPU the owner of queue qid (of nq) is pinned to: the next
 // one, not the queue's own. The kernel queues a request on the ring of the
 // CPU its application issued it on, and copies its payload into the
-// entry in the owner's thread; on the queue's own CPU that copy (~150 µs
-// per MiB here) took turns with the application: fio sent its 16 writes
-// of 1 MiB, the owner then copied all 16 (2.5-3 ms, the device idle),
-// submitted them, and the device wrote them (2.3-4.7 ms, the owner idle),
-// and since the device completed them together the next 16 came together
-// again. On the next CPU the copy runs beside the application, and with
-// DEFER_TASKRUN the owner takes the requests that have arrived each time
-// it asks, so copies and device writes overlap. Paired runs against the
-// owner on its own CPU without DEFER_TASKRUN, 2026-12-05
-// (docs/BENCHMARKS.md, "The owner on the next CPU"): 1 MiB writes at
-// iodepth 16 +18%, 256 KiB at iodepth 64 +38%, 4 KiB random writes +15%
-// and reads +10%; 1 MiB reads at iodepth 16 lose a quarter (still 1.7x
-// the raw file). DEFER_TASKRUN alone changed nothing: the application
-// still sent its burst before the owner ran. (On the next CPU without
-// DEFER_TASKRUN, 2026-12-01, 4 KiB reads lost a tenth: an interrupt and a
-// wake-up per request.)
+// entry in the owner's thread; on the queue's own CPU that copy took
+// turns with the application: fio sent its 16 writes of 1 MiB, the owner
+// then copied all 16 (the device idle), submitted them, and the device
+// wrote them (the owner idle), and since the device completed them
+// together the next 16 came together again. On the next CPU the copy runs
+// beside the application, and with DEFER_TASKRUN the owner takes the
+// requests that have arrived each time it asks, so copies and device
+// writes overlap. In paired runs against the owner on its own CPU without
+// DEFER_TASKRUN, large writes at depth and 4 KiB random I/O gained; 1 MiB
+// reads at depth lost some (the reply's copy and a wake-up across CPUs per
+// batch) and stayed above the raw file. DEFER_TASKRUN alone changed
+// nothing: the application still sent its burst before the owner ran. On
+// the next CPU without DEFER_TASKRUN, 4 KiB reads lost: an interrupt and a
+// wake-up per request.
 func ownerCPU(qid, nq int) int { return (qid + 1) % nq }
 
 // mapPayload maps n bytes of page-aligned memory for payload buffers, on

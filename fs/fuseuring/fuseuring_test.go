@@ -63,7 +63,7 @@ func TestABI(t *testing.T) {
 // TestPayloadHugePages checks that payload buffers are mapped for
 // transparent huge pages (MADV_HUGEPAGE): /proc/self/smaps says the
 // mapping is THP-eligible. Without it a 1 MiB write reached virtio-blk as
-// two requests and cost the daemon twice the CPU (docs/BENCHMARKS.md).
+// two requests and cost the daemon more CPU (see the package doc).
 func TestPayloadHugePages(t *testing.T) {
 	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
 	if err != nil || strings.Contains(string(mode), "[never]") {

@@ -5,8 +5,8 @@ package backend
 // costs little memory. clone is O(number of pages) and shares every page;
 // after it, a write to a shared page copies the page first. This is what lets
 // Crash hand out the state after a power cut as a Mem without copying the
-// whole image, which matters under the race detector, where copying 16 MiB
-// takes about 20 ms.
+// whole image, which matters under the race detector, where a crash test's
+// many copies of a whole image would dominate its run time.
 //
 // A pageImage is not safe for concurrent use; its owner (Mem, Crash) locks.
 type pageImage struct {

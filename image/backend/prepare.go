@@ -6,10 +6,10 @@ import "sync/atomic"
 // more than a later one: a regular file on a host file system. A direct
 // write into a hole of a file makes ext4 or XFS allocate a block, or, in a
 // range allocated ahead with fallocate, convert an unwritten extent, under
-// a journal transaction of its own (measured here: three to four times
-// the kernel time of an overwrite, per 4 KiB write; on an io_uring an
-// allocating write cannot be issued without blocking, so the kernel hands
-// it to an io-wq worker thread).
+// a journal transaction of its own (several times the kernel time of an
+// overwrite, per 4 KiB write; on an io_uring an allocating write cannot be
+// issued without blocking, so the kernel hands it to an io-wq worker
+// thread).
 // An overwrite of written blocks needs none of that.
 //
 // The backing is divided into chunks of PrepareChunk bytes (aligned to

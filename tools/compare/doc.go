@@ -60,8 +60,8 @@
 // to the baseline's. Output: a table on stdout, --markdown, --json (every
 // run too; --from-json renders it again) and --chart (PNG or SVG).
 //
-// docs/BENCHMARKS.md has a measured run, the command that made it and the
-// full description of the columns.
+// docs/BENCHMARKS.md has the current run, the command that made it and how
+// to read it.
 //
 // Exit codes: 0 done; 1 a run or the setup failed; 2 bad usage; 3 a
 // prerequisite (fio, qemu-storage-daemon) is missing.
