@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/transfer"
@@ -123,9 +123,8 @@ func (t *connTrace) request(method, url string, body io.Reader) (*http.Request, 
 // broken is the error of a transfer (what: "send" or "receive") whose
 // exchange with the daemon failed with err: before a connection was made,
 // nothing serves the mount (ErrNotServing); after, the daemon stopped if
-// nothing answers on its socket any more (ErrDaemonStopped, with why it
-// matters, the message says nothing of sockets), else the connection
-// broke.
+// it does not answer any more (ErrDaemonStopped; after says what that
+// means for the transfer), else the connection broke.
 func (t *connTrace) broken(abs, sock, what, after string, err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
@@ -134,12 +133,34 @@ func (t *connTrace) broken(abs, sock, what, after string, err error) error {
 	if !t.connected {
 		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
 	}
-	if conn, derr := net.Dial("unix", sock); derr == nil {
-		conn.Close()
+	if answers(abs) {
 		return fmt.Errorf("the connection to the vdiskfs daemon serving %s broke during the %s: %v", abs, what, err)
 	}
-	return fmt.Errorf("the vdiskfs daemon serving %s stopped during the %s%s: %w", abs, what, after, ErrDaemonStopped)
+	return &stoppedError{msg: fmt.Sprintf("the vdiskfs daemon serving %s stopped during the %s%s", abs, what, after)}
 }
+
+// answers reports whether the daemon of the mount at abs answers GET
+// /stats within a few seconds. A socket that takes connections proves
+// nothing: a dying daemon's listener takes them until its last thread has
+// exited.
+func answers(abs string) bool {
+	c, _, _, err := client(abs, 5*time.Second)
+	if err != nil {
+		return false
+	}
+	resp, err := c.Get("http://vdiskfs/stats")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// stoppedError is ErrDaemonStopped with the message broken makes.
+type stoppedError struct{ msg string }
+
+func (e *stoppedError) Error() string        { return e.msg }
+func (e *stoppedError) Is(target error) bool { return target == ErrDaemonStopped }
 
 // errorsOf is an io.Reader or io.Writer that keeps the error of the one
 // it wraps, so that a failure of the local side of a transfer (the
@@ -260,7 +281,7 @@ func Receive(mountpoint, name string, r io.Reader, o transfer.ReceiveOptions) (t
 		return transfer.Stats{}, err
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
-	after := fmt.Sprintf(" (a receive is all or nothing: %s exists once the mount is back only if it had been received whole)", name)
+	after := fmt.Sprintf(" (a receive is all or nothing: %s is in the store only if it had arrived whole)", name)
 	resp, err := c.Do(req)
 	if err != nil {
 		if src.err != nil {
