@@ -141,8 +141,9 @@ copy has OLD's size and digest). The ranges come from the block maps, so
 only changed data is read. Send snapshots ("vdisk snapshot"): a snapshot's
 identity lets the next incremental stream start from it. A disk that is
 not a snapshot is sent as it is at the start of the send (through a mount,
-its daemon takes a hidden snapshot first and removes it at the end), and
-no incremental stream can start from its copy. NAME is a disk file of a
+its daemon takes a hidden snapshot first, which makes a version-1 store
+version 2 as any snapshot does, and removes it at the end), and no
+incremental stream can start from its copy. NAME is a disk file of a
 vdiskfs mount (its daemon sends it) or, with STORE, a disk of a store that
 is not mounted. A progress bar is shown on a terminal (offline). The
 stream format is in FORMAT.md ("Send stream").`,
