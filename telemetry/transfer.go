@@ -10,6 +10,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/vdiskfs/vdiskfs/image"
@@ -111,11 +112,11 @@ var ErrDaemonStopped = errors.New("telemetry: the vdiskfs daemon stopped")
 
 // connTrace notes whether a request got a connection to the daemon, so
 // that a failure after it is told from a mount nothing serves.
-type connTrace struct{ connected bool }
+type connTrace struct{ connected atomic.Bool }
 
 func (t *connTrace) request(method, url string, body io.Reader) (*http.Request, error) {
 	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { t.connected = true },
+		GotConn: func(httptrace.GotConnInfo) { t.connected.Store(true) },
 	})
 	return http.NewRequestWithContext(ctx, method, url, body)
 }
@@ -130,7 +131,7 @@ func (t *connTrace) broken(abs, sock, what, after string, err error) error {
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	if !t.connected {
+	if !t.connected.Load() {
 		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
 	}
 	if answers(abs) {
