@@ -322,8 +322,10 @@ func TestReceiveOwnership(t *testing.T) {
 // TestSendReceiveOwnershipMounted: through two daemons, a 0600 disk of
 // 1234:5678, written and not a snapshot (its daemon sends it from a
 // hidden snapshot, gone afterwards), arrives 0600 1234:5678 with its
-// modification time; --mode and --owner go through the socket; a clone is
-// refused as a base.
+// modification time; --mode and --owner go through the socket; a
+// version-1 stream makes a 0600 root disk; a clone is refused as a base,
+// and a stream whose base the receiver lacks is refused with the daemon's
+// reason.
 func TestSendReceiveOwnershipMounted(t *testing.T) {
 	requireFUSE(t)
 	bin := vdiskBinary(t)
@@ -369,6 +371,19 @@ func TestSendReceiveOwnershipMounted(t *testing.T) {
 	}
 	mustRun(t, "receive", mb, "b.raw", path, "--mode", "0644", "--owner", "7:8")
 	check("b.raw", 0o644, 7, 8)
+	var v1 bytes.Buffer
+	w, err := stream.NewWriter(&v1, stream.Header{Version: 1, Size: 8192, Name: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Data(0, []byte("version 1"))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(dir, "old.stream")
+	writeFile(t, old, v1.Bytes())
+	mustRun(t, "receive", mb, "old.raw", old)
+	check("old.raw", 0o600, 0, 0)
 
 	mustRun(t, "clone", a, "base.raw")
 	wantFail(t, exitFailure, []string{`"base.raw" is a clone`}, "send", filepath.Join(ma, "a.raw"), "--from", "base.raw")
