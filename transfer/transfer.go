@@ -129,10 +129,11 @@ func send(w io.Writer, s *image.Store, name string, o SendOptions) (Stats, error
 		}
 		if !oi.Snapshot || oi.UUID == ([16]byte{}) {
 			what := "a writable disk"
-			if oi.Clone {
-				what = "a clone (writable)"
-			} else if oi.Snapshot {
+			switch {
+			case oi.Snapshot:
 				what = "a snapshot without an identity"
+			case oi.Clone:
+				what = "a clone (writable)"
 			}
 			return st, fmt.Errorf("--from %q is %s, not a snapshot: an incremental stream starts only from a snapshot both stores hold, which cannot change (take one with vdisk snapshot, and send it): %w", o.From, what, ErrNotSnapshot)
 		}
