@@ -339,15 +339,16 @@ func (s *Server) Diff(old, new string) ([]image.Change, image.DiffStats, error) 
 }
 
 // Send writes the stream of a disk (transfer.Send), for `vdisk send` on a
-// mounted store.
+// mounted store: a disk that is not a snapshot may be written meanwhile,
+// so it is sent from a hidden snapshot (transfer.SendOptions.Live).
 func (s *Server) Send(w io.Writer, disk, from string) (transfer.Stats, error) {
-	return transfer.Send(w, s.vfs.store, disk, from, nil)
+	return transfer.Send(w, s.vfs.store, disk, transfer.SendOptions{From: from, Live: true})
 }
 
 // Receive makes the disk name from a stream (transfer.Receive), for
 // `vdisk receive` on a mounted store; the kernel is told of the new name.
-func (s *Server) Receive(r io.Reader, name string) (transfer.Stats, error) {
-	st, err := transfer.Receive(r, s.vfs.store, name, nil)
+func (s *Server) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error) {
+	st, err := transfer.Receive(r, s.vfs.store, name, o)
 	if err != nil {
 		return st, err
 	}

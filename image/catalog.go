@@ -33,7 +33,8 @@ type DiskInfo struct {
 	// UUID is the disk's identity across stores: given to a snapshot when
 	// it is taken (and to a disk received from a stream, its sender's),
 	// so that an incremental stream can name the snapshot it starts from.
-	// Zero for other disks.
+	// Zero for other disks: a clone has none, since it can be written
+	// (clones made by earlier builds may carry one; FindUUID ignores it).
 	UUID [16]byte
 }
 

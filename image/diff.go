@@ -188,7 +188,10 @@ func (d *disk) mapAndSize() (*blockmap.Map, int64) {
 	return d.m.Clone(), d.attr.Size
 }
 
-// FindUUID returns the name of the disk whose identity is uuid.
+// FindUUID returns the name of the snapshot whose identity is uuid. Only a
+// read-only snapshot matches: a writable disk that carries an identity (a
+// clone made by a build that gave clones one) may have been written since
+// it got it, so its identity no longer says what it holds.
 func (s *Store) FindUUID(uuid [16]byte) (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -196,7 +199,7 @@ func (s *Store) FindUUID(uuid [16]byte) (string, bool) {
 		return "", false
 	}
 	for name, d := range s.mu.names {
-		if d.uuid == uuid {
+		if d.uuid == uuid && d.flags.Load()&diskFlagSnapshot != 0 {
 			return name, true
 		}
 	}

@@ -89,28 +89,50 @@ func (s *Store) Clone(src, name string) (DiskInfo, error) {
 
 // shareWhole is Snapshot (flag diskFlagSnapshot) and Clone (diskFlagClone).
 func (s *Store) shareWhole(what, src, name string, flag uint32) (DiskInfo, error) {
-	info, err := s.snapshot(src, name, flag)
+	if err := ValidateName(name); err != nil {
+		return DiskInfo{}, fmt.Errorf("%s %q as %q: %w", what, src, name, err)
+	}
+	d, err := s.snapshot(src, name, flag)
 	if err != nil {
 		return DiskInfo{}, fmt.Errorf("%s %q as %q: %w", what, src, name, err)
 	}
 	if err := s.Commit(); err != nil {
 		return DiskInfo{}, fmt.Errorf("%s %q as %q: %w", what, src, name, err)
 	}
-	return info, nil
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.infoLockedMu(), nil
+}
+
+// SnapshotHidden makes a read-only snapshot of the disk src, taken as
+// Snapshot takes one (holding every write to src acknowledged before the
+// call), that has no name and no identity: like a disk of CreateHidden, it
+// is open only through the returned handle, and deleted when that closes
+// or, after a crash, at the next open of the store. It is not committed:
+// nothing needs it to outlive the handle. A disk that may be written while
+// it is read whole (a send through a mount) is read from one, so that what
+// is read is of one moment.
+func (s *Store) SnapshotHidden(src string) (*Disk, error) {
+	d, err := s.snapshot(src, "", diskFlagSnapshot)
+	if err != nil {
+		return nil, fmt.Errorf("hidden snapshot of %q: %w", src, err)
+	}
+	return &Disk{d: d}, nil
 }
 
 // snapshot makes name, a disk sharing every block of srcName, with flag
-// (diskFlagSnapshot or diskFlagClone) in its flags record.
-func (s *Store) snapshot(srcName, name string, flag uint32) (DiskInfo, error) {
-	if err := ValidateName(name); err != nil {
-		return DiskInfo{}, err
-	}
+// (diskFlagSnapshot or diskFlagClone) in its flags record. A snapshot
+// gets a new identity (DiskInfo.UUID); a clone, which can be written, gets
+// none, so that it is never taken for a stream's base. With name "" the
+// disk is hidden instead (SnapshotHidden): an orphan with one open, no
+// name and no identity.
+func (s *Store) snapshot(srcName, name string, flag uint32) (*disk, error) {
 	if err := s.Upgrade(); err != nil {
-		return DiskInfo{}, err
+		return nil, err
 	}
 	h, err := s.OpenDisk(srcName)
 	if err != nil {
-		return DiskInfo{}, err
+		return nil, err
 	}
 	defer h.Close()
 	src := h.d
@@ -124,36 +146,45 @@ func (s *Store) snapshot(srcName, name string, flag uint32) (DiskInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.usableLockedMu(); err != nil {
-		return DiskInfo{}, err
+		return nil, err
 	}
-	if _, ok := s.mu.names[name]; ok {
-		return DiskInfo{}, ErrExist
+	hidden := name == ""
+	if _, ok := s.mu.names[name]; ok && !hidden {
+		return nil, ErrExist
 	}
 	now := time.Now().UnixNano()
 	attr := src.attr
 	attr.Atime, attr.Mtime, attr.Ctime = src.atime.Load(), src.mtime.Load(), now
 	id := s.mu.nextID
-	s.mu.nextID++
+	if hidden {
+		name = fmt.Sprintf(".hidden-%d", id) // journalled, never visible
+	}
 	d := s.newDisk(id, name, attr)
 	d.flags.Store(flag)
 	d.origin = src.id
-	if _, err := rand.Read(d.uuid[:]); err != nil {
-		return DiskInfo{}, fmt.Errorf("disk identity: %w", err)
+	if flag == diskFlagSnapshot && !hidden {
+		if _, err := rand.Read(d.uuid[:]); err != nil {
+			return nil, fmt.Errorf("disk identity: %w", err)
+		}
 	}
+	s.mu.nextID++
 	d.m = src.m.Clone()
 	s.shareLockedMu(d, src)
 	s.mu.extents += d.m.Len()
 	s.mu.disks[id] = d
-	s.mu.names[name] = d
-	recs := []record{
-		{Type: recCreate, ID: id, Attr: attr, Name: name},
-		{Type: recFlags, ID: id, Flags: flag, Src: src.id, UUID: d.uuid},
+	recs := []record{{Type: recCreate, ID: id, Attr: attr, Name: name}}
+	if hidden {
+		d.orphan, d.opens = true, 1
+		recs = append(recs, record{Type: recUnlink, ID: id})
+	} else {
+		s.mu.names[name] = d
 	}
+	recs = append(recs, record{Type: recFlags, ID: id, Flags: flag, Src: src.id, UUID: d.uuid})
 	if blocks := coalesce.RoundUp(uint64(attr.Size), s.bs) / s.bs; blocks > 0 {
 		recs = append(recs, record{Type: recClone, ID: id, Src: src.id, Virt: 0, SrcVirt: 0, Len: blocks})
 	}
 	s.appendLockedMu(recs...)
-	return d.infoLockedMu(), nil
+	return d, nil
 }
 
 // shareLockedMu adds a reference to every block dst's map holds that it

@@ -512,3 +512,106 @@ func TestClone(t *testing.T) {
 		t.Errorf("after a reopen b is clone %v of %q", got.Clone, got.Origin)
 	}
 }
+
+// TestCloneHasNoUUID: a snapshot gets an identity, a clone (writable)
+// none, by Store.Clone or by a whole-disk CopyFrom; FindUUID finds only a
+// snapshot, also when a clone carries an identity (as clones made by
+// earlier builds do): such a clone may have been written since.
+func TestCloneHasNoUUID(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	s := ms.s
+	a := mustCreate(t, s, "a", 0)
+	mustWrite(t, a, randomBytes(7, 1<<20), 0)
+	snap, err := s.Snapshot("a", "snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clone, err := s.Clone("a", "clone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.UUID == ([16]byte{}) || clone.UUID != ([16]byte{}) {
+		t.Errorf("snapshot uuid %x, clone uuid %x: want one and none", snap.UUID, clone.UUID)
+	}
+	if name, ok := s.FindUUID(snap.UUID); !ok || name != "snap" {
+		t.Errorf("FindUUID(snap) = %q, %v", name, ok)
+	}
+	// A clone of a snapshot with a legacy identity: not a base.
+	c2, err := s.Clone("snap", "clone-of-snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c2.UUID != ([16]byte{}) {
+		t.Errorf("clone of a snapshot has uuid %x", c2.UUID)
+	}
+	legacy := [16]byte{0xcc, 1}
+	s.mu.Lock()
+	s.mu.names["clone"].uuid = legacy
+	s.mu.Unlock()
+	if name, ok := s.FindUUID(legacy); ok {
+		t.Errorf("FindUUID matched the writable clone %q", name)
+	}
+	a.Close()
+}
+
+// TestSnapshotHidden: a hidden snapshot reads as its source did when it
+// was taken, whatever is written to the source afterwards; it has no name
+// and no identity, cannot be written, and is gone (its blocks back) when
+// its handle closes, or at the next open after the store went down with
+// it open.
+func TestSnapshotHidden(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	s := ms.s
+	a := mustCreate(t, s, "a", 0)
+	v1 := randomBytes(8, 2<<20)
+	mustWrite(t, a, v1, 0)
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	free := s.Info().FreeBlocks
+	h, err := s.SnapshotHidden("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, a, randomBytes(9, 1<<20), 512<<10) // copy on write
+	if got := mustRead(t, h, 0, 2<<20); !bytes.Equal(got, v1) {
+		t.Error("the hidden snapshot reads a later write")
+	}
+	if st := h.Stat(); !st.Snapshot || st.UUID != ([16]byte{}) || st.Size != 2<<20 {
+		t.Errorf("hidden snapshot: %+v", st)
+	}
+	if _, err := h.WriteAt([]byte{1}, 0); !errors.Is(err, ErrReadOnlyDisk) {
+		t.Errorf("write to a hidden snapshot: %v", err)
+	}
+	if l := s.List(); len(l) != 1 {
+		t.Errorf("disks listed: %+v", l)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// a's rewritten 1 MiB took new blocks; its old copy, the hidden
+	// snapshot's alone, is free again.
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.Info().FreeBlocks, free; got != want {
+		t.Errorf("after closing: %d free blocks, want %d", got, want)
+	}
+
+	// Left open when the store goes down: deleted at the next open.
+	if _, err := s.SnapshotHidden("a"); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, a, randomBytes(10, 1<<20), 0)
+	a.Close()
+	ms.reopen()
+	if err := ms.s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if l := ms.s.List(); len(l) != 1 {
+		t.Errorf("disks after a reopen: %+v", l)
+	}
+	if got, want := ms.s.Info().FreeBlocks, free; got != want {
+		t.Errorf("after a reopen: %d free blocks, want %d", got, want)
+	}
+}

@@ -1,7 +1,9 @@
 // Package stream is the byte format of `vdisk send` and `vdisk receive`:
 // one disk's contents, complete or as the changes from a snapshot the
 // receiver already holds, as a sequence of checksummed records that can go
-// through a pipe (no seeking, no size known in advance).
+// through a pipe (no seeking, no size known in advance). The header says
+// the disk's size, identity, mode, owner and times, and for an incremental
+// stream its base's identity, size and content digest.
 //
 // A stream is a header, then data and zero records in increasing offset
 // order (not overlapping), then an end record. Every part carries a
@@ -24,8 +26,9 @@ import (
 	"github.com/ncw/directio"
 )
 
-// Version is the stream format this package writes and reads.
-const Version = 1
+// Version is the stream format this package writes. A Reader reads it and
+// version 1, which has no ownership and no base check (Header.Version).
+const Version = 2
 
 // MaxData is the largest data record: a Writer splits larger ranges.
 const MaxData = 1 << 20
@@ -53,21 +56,42 @@ const (
 
 // Header describes the disk a stream carries.
 type Header struct {
+	// Version is the stream's format version: what a Reader read; for a
+	// Writer, Version when zero (1 writes a version-1 stream, without the
+	// fields marked "version 2", for tests of receivers).
+	Version int
 	// Size is the disk's size in bytes.
 	Size int64
 	// Name is the sending disk's name (informational: the receiver names
 	// the disk itself).
 	Name string
-	// UUID is the sent disk's identity; From is the identity of the
-	// snapshot an incremental stream starts from, zero for a complete
-	// stream (which starts from an empty disk).
+	// UUID is the sent disk's identity (a snapshot's; zero for a disk that
+	// has none); From is the identity of the snapshot an incremental
+	// stream starts from, zero for a complete stream (which starts from an
+	// empty disk).
 	UUID, From [16]byte
 	// FromName is the name of From on the sender (informational).
 	FromName string
+	// Mode (permission bits), UID and GID are the sent disk's, and Atime
+	// and Mtime its times in Unix nanoseconds (version 2).
+	Mode, UID, GID uint32
+	Atime, Mtime   int64
+	// FromSize is the base's size in bytes and FromDigest a digest of its
+	// content that sender and receiver compute alike (package transfer),
+	// for an incremental stream (version 2; zero otherwise).
+	FromSize   int64
+	FromDigest [32]byte
 }
 
 // Incremental reports whether the stream holds only changes from From.
 func (h *Header) Incremental() bool { return h.From != [16]byte{} }
+
+// Header layout (FORMAT.md, "Send stream"): the fixed part after magic and
+// version, by version; then two names of 2 + n bytes, then the CRC-32C.
+const (
+	fixedV1 = 8 + 16 + 16                          // size, uuid, from
+	fixedV2 = fixedV1 + 4 + 4 + 4 + 8 + 8 + 8 + 32 // mode, uid, gid, atime, mtime, from size, from digest
+)
 
 // Record is one data or zero record.
 type Record struct {
@@ -88,16 +112,28 @@ type Writer struct {
 
 // NewWriter writes h to w and returns a Writer for the records.
 func NewWriter(w io.Writer, h Header) (*Writer, error) {
-	if len(h.Name) > 0xffff || len(h.FromName) > 0xffff || h.Size < 0 {
-		return nil, fmt.Errorf("stream header: name or size out of range")
+	if h.Version == 0 {
+		h.Version = Version
+	}
+	if len(h.Name) > 0xffff || len(h.FromName) > 0xffff || h.Size < 0 || h.FromSize < 0 || h.Version < 1 || h.Version > Version {
+		return nil, fmt.Errorf("stream header: version, name or size out of range")
 	}
 	sw := &Writer{w: bufio.NewWriterSize(w, 256<<10)}
 	le := binary.LittleEndian
 	b := append([]byte(nil), magic[:]...)
-	b = le.AppendUint32(b, Version)
+	b = le.AppendUint32(b, uint32(h.Version))
 	b = le.AppendUint64(b, uint64(h.Size))
 	b = append(b, h.UUID[:]...)
 	b = append(b, h.From[:]...)
+	if h.Version >= 2 {
+		b = le.AppendUint32(b, h.Mode)
+		b = le.AppendUint32(b, h.UID)
+		b = le.AppendUint32(b, h.GID)
+		b = le.AppendUint64(b, uint64(h.Atime))
+		b = le.AppendUint64(b, uint64(h.Mtime))
+		b = le.AppendUint64(b, uint64(h.FromSize))
+		b = append(b, h.FromDigest[:]...)
+	}
 	b = le.AppendUint16(b, uint16(len(h.Name)))
 	b = append(b, h.Name...)
 	b = le.AppendUint16(b, uint16(len(h.FromName)))
@@ -180,26 +216,45 @@ type Reader struct {
 	done    bool
 }
 
-// NewReader reads and verifies the header.
+// NewReader reads and verifies the header, of version 1 or 2. It
+// allocates at most the two names (64 KiB each) and its read buffer
+// before the header verifies.
 func NewReader(r io.Reader) (*Reader, error) {
 	sr := &Reader{r: bufio.NewReaderSize(r, 256<<10)}
-	var fixed [8 + 4 + 8 + 16 + 16 + 2]byte
-	if err := sr.full(fixed[:], "header"); err != nil {
+	var start [8 + 4]byte
+	if err := sr.full(start[:], "header"); err != nil {
 		return nil, err
 	}
-	if !bytes.Equal(fixed[:8], magic[:]) {
-		return nil, fmt.Errorf("not a vdisk send stream (magic %q): %w", fixed[:8], ErrCorrupt)
+	if !bytes.Equal(start[:8], magic[:]) {
+		return nil, fmt.Errorf("not a vdisk send stream (magic %q): %w", start[:8], ErrCorrupt)
 	}
 	le := binary.LittleEndian
-	if v := le.Uint32(fixed[8:]); v != Version {
-		return nil, fmt.Errorf("stream format version %d, this build reads %d: %w", v, Version, ErrVersion)
-	}
-	sum := crc32.Checksum(fixed[:], table)
 	h := &sr.h
-	h.Size = int64(le.Uint64(fixed[12:]))
-	copy(h.UUID[:], fixed[20:36])
-	copy(h.From[:], fixed[36:52])
-	name, err := sr.name(le.Uint16(fixed[52:]), &sum)
+	var fixed []byte
+	switch v := le.Uint32(start[8:]); v {
+	case 1:
+		fixed = make([]byte, fixedV1+2)
+	case 2:
+		fixed = make([]byte, fixedV2+2)
+	default:
+		return nil, fmt.Errorf("stream format version %d, this build reads 1 and %d: %w", v, Version, ErrVersion)
+	}
+	h.Version = int(le.Uint32(start[8:]))
+	if err := sr.full(fixed, "header"); err != nil {
+		return nil, err
+	}
+	sum := crc32.Update(crc32.Checksum(start[:], table), table, fixed)
+	h.Size = int64(le.Uint64(fixed[0:]))
+	copy(h.UUID[:], fixed[8:24])
+	copy(h.From[:], fixed[24:40])
+	if h.Version >= 2 {
+		p := fixed[fixedV1:]
+		h.Mode, h.UID, h.GID = le.Uint32(p[0:]), le.Uint32(p[4:]), le.Uint32(p[8:])
+		h.Atime, h.Mtime = int64(le.Uint64(p[12:])), int64(le.Uint64(p[20:]))
+		h.FromSize = int64(le.Uint64(p[28:]))
+		copy(h.FromDigest[:], p[36:68])
+	}
+	name, err := sr.name(le.Uint16(fixed[len(fixed)-2:]), &sum)
 	if err != nil {
 		return nil, err
 	}
@@ -219,8 +274,8 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if le.Uint32(c[:]) != sum {
 		return nil, fmt.Errorf("stream header checksum: %w", ErrCorrupt)
 	}
-	if h.Size < 0 {
-		return nil, fmt.Errorf("stream header: disk size %d: %w", h.Size, ErrCorrupt)
+	if h.Size < 0 || h.FromSize < 0 {
+		return nil, fmt.Errorf("stream header: disk size %d, base size %d: %w", h.Size, h.FromSize, ErrCorrupt)
 	}
 	return sr, nil
 }

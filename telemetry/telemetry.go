@@ -68,9 +68,10 @@ type Controller interface {
 	// Send writes the stream of disk to w, incremental from the snapshot
 	// from when it is not "" (transfer.Send).
 	Send(w io.Writer, disk, from string) (transfer.Stats, error)
-	// Receive makes the disk name from the stream r (transfer.Receive);
-	// it is durable and shows in the mount when Receive returns.
-	Receive(r io.Reader, name string) (transfer.Stats, error)
+	// Receive makes the disk name from the stream r (transfer.Receive),
+	// with o's mode and owner when given; it is durable and shows in the
+	// mount when Receive returns.
+	Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error)
 }
 
 // SnapshotRequest is the body of POST /snapshot.

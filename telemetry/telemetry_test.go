@@ -48,10 +48,10 @@ func (s storeSource) Diff(old, new string) ([]image.Change, image.DiffStats, err
 	return image.Diff(od, nd)
 }
 func (s storeSource) Send(w io.Writer, disk, from string) (transfer.Stats, error) {
-	return transfer.Send(w, s.s, disk, from, nil)
+	return transfer.Send(w, s.s, disk, transfer.SendOptions{From: from, Live: true})
 }
-func (s storeSource) Receive(r io.Reader, name string) (transfer.Stats, error) {
-	return transfer.Receive(r, s.s, name, nil)
+func (s storeSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error) {
+	return transfer.Receive(r, s.s, name, o)
 }
 
 func newSource(t *testing.T) storeSource {

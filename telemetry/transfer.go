@@ -1,12 +1,17 @@
 package telemetry
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/transfer"
@@ -21,7 +26,8 @@ import (
 //	                                 stream began is the trailer
 //	                                 Vdisk-Error, and the body ends short
 //	POST /receive?name=NAME         the stream as the body; 201, the
-//	                                 transfer.Stats, once NAME is durable
+//	  [&mode=OCTAL][&uid=N][&gid=N]  transfer.Stats, once NAME is durable;
+//	                                 mode and owner override the stream's
 
 // errorTrailer names the trailer a send that failed midway carries.
 const errorTrailer = "Vdisk-Error"
@@ -61,7 +67,12 @@ func handleTransfers(mux *http.ServeMux, ctl Controller) {
 		w.Header().Set(errorTrailer, err.Error())
 	})
 	mux.HandleFunc("POST /receive", func(w http.ResponseWriter, r *http.Request) {
-		st, err := ctl.Receive(r.Body, r.URL.Query().Get("name"))
+		o, err := receiveOptions(r.URL.Query())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		st, err := ctl.Receive(r.Body, r.URL.Query().Get("name"), o)
 		if err != nil {
 			http.Error(w, err.Error(), statusOf(err))
 			return
@@ -70,6 +81,111 @@ func handleTransfers(mux *http.ServeMux, ctl Controller) {
 		w.WriteHeader(http.StatusCreated)
 		json.NewEncoder(w).Encode(st)
 	})
+}
+
+// receiveOptions reads the mode (octal, permission bits only), uid and gid
+// of POST /receive; those absent stay nil.
+func receiveOptions(q url.Values) (transfer.ReceiveOptions, error) {
+	var o transfer.ReceiveOptions
+	for _, f := range []struct {
+		key  string
+		base int
+		dst  **uint32
+	}{{"mode", 8, &o.Mode}, {"uid", 10, &o.UID}, {"gid", 10, &o.GID}} {
+		v := q.Get(f.key)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(v, f.base, 32)
+		if err != nil || f.key == "mode" && n&^0o777 != 0 {
+			return o, fmt.Errorf("receive: bad %s %q", f.key, v)
+		}
+		k := uint32(n)
+		*f.dst = &k
+	}
+	return o, nil
+}
+
+// ErrDaemonStopped: the daemon serving the mount stopped (killed, or
+// unmounted) while a transfer went through its socket.
+var ErrDaemonStopped = errors.New("telemetry: the vdiskfs daemon stopped")
+
+// connTrace notes whether a request got a connection to the daemon, so
+// that a failure after it is told from a mount nothing serves.
+type connTrace struct{ connected atomic.Bool }
+
+func (t *connTrace) request(method, url string, body io.Reader) (*http.Request, error) {
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { t.connected.Store(true) },
+	})
+	return http.NewRequestWithContext(ctx, method, url, body)
+}
+
+// broken is the error of a transfer (what: "send" or "receive") whose
+// exchange with the daemon failed with err: before a connection was made,
+// nothing serves the mount (ErrNotServing); after, the daemon stopped if
+// it does not answer any more (ErrDaemonStopped; after says what that
+// means for the transfer), else the connection broke.
+func (t *connTrace) broken(abs, sock, what, after string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	if !t.connected.Load() {
+		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
+	}
+	if answers(abs) {
+		return fmt.Errorf("the connection to the vdiskfs daemon serving %s broke during the %s: %v", abs, what, err)
+	}
+	return &stoppedError{msg: fmt.Sprintf("the vdiskfs daemon serving %s stopped during the %s%s", abs, what, after)}
+}
+
+// answers reports whether the daemon of the mount at abs answers GET
+// /stats within a few seconds. A socket that takes connections proves
+// nothing: a dying daemon's listener takes them until its last thread has
+// exited.
+func answers(abs string) bool {
+	c, _, _, err := client(abs, 5*time.Second)
+	if err != nil {
+		return false
+	}
+	resp, err := c.Get("http://vdiskfs/stats")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// stoppedError is ErrDaemonStopped with the message broken makes.
+type stoppedError struct{ msg string }
+
+func (e *stoppedError) Error() string        { return e.msg }
+func (e *stoppedError) Is(target error) bool { return target == ErrDaemonStopped }
+
+// errorsOf is an io.Reader or io.Writer that keeps the error of the one
+// it wraps, so that a failure of the local side of a transfer (the
+// stream's source or destination) is told from the daemon's.
+type errorsOf struct {
+	r   io.Reader
+	w   io.Writer
+	err error
+}
+
+func (e *errorsOf) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
+}
+
+func (e *errorsOf) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = err
+	}
+	return n, err
 }
 
 // countingWriter counts what went through it.
@@ -107,43 +223,72 @@ func Diff(mountpoint, old, new string) (DiffReply, error) {
 }
 
 // Send copies the stream of the mount's disk (incremental from from when
-// not "") to w.
+// not "") to w. When the daemon stops during the send, the error says so
+// (ErrDaemonStopped), and what w got is a stream cut short.
 func Send(mountpoint, disk, from string, w io.Writer) (int64, error) {
 	c, abs, sock, err := client(mountpoint, 0)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := c.Get("http://vdiskfs/send?" + url.Values{"disk": {disk}, "from": {from}}.Encode())
+	var tr connTrace
+	req, err := tr.request("GET", "http://vdiskfs/send?"+url.Values{"disk": {disk}, "from": {from}}.Encode(), nil)
 	if err != nil {
-		return 0, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
+		return 0, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, tr.broken(abs, sock, "send", "", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return 0, errorOf(resp)
 	}
-	n, err := io.Copy(w, resp.Body)
+	dst := &errorsOf{w: w}
+	n, err := io.Copy(dst, resp.Body)
 	if msg := resp.Trailer.Get(errorTrailer); msg != "" {
 		return n, &remoteError{msg: msg}
 	}
+	if dst.err != nil {
+		return n, fmt.Errorf("send from %s: write the stream: %w", abs, dst.err)
+	}
 	if err != nil {
-		return n, fmt.Errorf("send from %s: %w", abs, err)
+		return n, tr.broken(abs, sock, "send", " (the stream written is cut short, and a receiver refuses it)", err)
 	}
 	return n, nil
 }
 
-// Receive sends the stream r to the mount, which makes it its disk name.
-func Receive(mountpoint, name string, r io.Reader) (transfer.Stats, error) {
+// Receive sends the stream r to the mount, which makes it its disk name,
+// with o's mode and owner when set (o.Progress is not used). When the
+// daemon stops during the receive, the error says so (ErrDaemonStopped).
+func Receive(mountpoint, name string, r io.Reader, o transfer.ReceiveOptions) (transfer.Stats, error) {
 	c, abs, sock, err := client(mountpoint, 0)
 	if err != nil {
 		return transfer.Stats{}, err
 	}
-	resp, err := c.Post("http://vdiskfs/receive?"+url.Values{"name": {name}}.Encode(), "application/octet-stream", io.NopCloser(r))
+	q := url.Values{"name": {name}}
+	if o.Mode != nil {
+		q.Set("mode", strconv.FormatUint(uint64(*o.Mode), 8))
+	}
+	if o.UID != nil {
+		q.Set("uid", strconv.FormatUint(uint64(*o.UID), 10))
+	}
+	if o.GID != nil {
+		q.Set("gid", strconv.FormatUint(uint64(*o.GID), 10))
+	}
+	var tr connTrace
+	src := &errorsOf{r: r}
+	req, err := tr.request("POST", "http://vdiskfs/receive?"+q.Encode(), io.NopCloser(src))
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
+		return transfer.Stats{}, err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	after := fmt.Sprintf(" (a receive is all or nothing: %s is in the store only if it had arrived whole)", name)
+	resp, err := c.Do(req)
+	if err != nil {
+		if src.err != nil {
+			return transfer.Stats{}, fmt.Errorf("receive into %s: read the stream: %w", abs, src.err)
 		}
-		return transfer.Stats{}, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
+		return transfer.Stats{}, tr.broken(abs, sock, "receive", after, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
@@ -151,7 +296,7 @@ func Receive(mountpoint, name string, r io.Reader) (transfer.Stats, error) {
 	}
 	var st transfer.Stats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return transfer.Stats{}, fmt.Errorf("receive reply of %s: %w", abs, err)
+		return transfer.Stats{}, tr.broken(abs, sock, "receive", after, err)
 	}
 	return st, nil
 }

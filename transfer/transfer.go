@@ -3,20 +3,38 @@
 // snapshot both stores hold (the same identity, image.DiskInfo.UUID).
 //
 // Invariants:
+//   - Only a read-only snapshot is a base, on either side: Send refuses a
+//     writable disk after --from, and Receive finds its base with
+//     image.Store.FindUUID, which matches only snapshots. A snapshot's
+//     content never changes, and a receiver's copy is made only from a
+//     verified stream, so the identity names the same bytes in both
+//     stores; the base's size and digest (baseDigest) in the header are
+//     checked too, and a receiver whose copy differs refuses the stream,
+//     naming the base.
+//   - A stream is of one moment: a snapshot is sent as it is; any other
+//     disk, when the store is in use (SendOptions.Live, a mount), from a
+//     hidden snapshot taken first (image.Store.SnapshotHidden), deleted
+//     when the send ends. Only a snapshot's identity travels.
 //   - Send reads only the changed ranges image.Diff finds: for two
 //     snapshots of one disk, what was written or punched between them.
 //   - Receive makes the disk hidden (image.Store.CreateHidden) and names it
 //     only once the whole stream has arrived and verified: a cut, damaged
 //     or refused stream leaves no disk behind, and the store as clean as
 //     before. A received disk is a read-only snapshot carrying the sent
-//     disk's identity, so a later incremental stream from it can be
-//     received on top (clone it with cp to write to it).
+//     disk's identity (a new one when it had none), so a later
+//     incremental stream from it can be received on top (clone it with cp
+//     to write to it), with the sent disk's permission bits (no setuid,
+//     setgid or sticky bit), owner and times, or those ReceiveOptions say.
+//     A version-1 stream carries no ownership: its disk is 0600 root:root.
 package transfer
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/ncw/directio"
 
@@ -28,6 +46,18 @@ import (
 // data record; larger ones measured slower (more memory to copy through).
 const chunk = 1 << 20
 
+var (
+	// ErrNotSnapshot: the base named for an incremental stream is not a
+	// read-only snapshot.
+	ErrNotSnapshot = errors.New("transfer: not a snapshot")
+	// ErrNoBase: the receiver does not hold the base of an incremental
+	// stream.
+	ErrNoBase = errors.New("transfer: the stream's base is not in this store")
+	// ErrBaseDiffers: the receiver's snapshot with the base's identity
+	// does not have the sender's base's size or digest.
+	ErrBaseDiffers = errors.New("transfer: this store's copy of the stream's base differs from the sender's")
+)
+
 // Stats say what a transfer moved.
 type Stats struct {
 	DataBytes   int64 // bytes of data records
@@ -38,46 +68,83 @@ type Stats struct {
 	ReadBytes   int64 // data Send read from the disk
 	Compared    int64 // data image.Diff read to compare unrelated disks
 	Incremental bool
+	// Snapshot: the sent disk was a snapshot, so its identity went with
+	// it and an incremental stream can later start from the received disk
+	// (Send).
+	Snapshot bool
 }
 
-// Send writes the disk name of s to w as a stream: complete, or with from
-// the changes since the snapshot from, which must have an identity (a
-// snapshot, or a disk received from a stream). progress, when not nil, is
-// told the bytes sent so far and the bytes to send.
-func Send(w io.Writer, s *image.Store, name, from string, progress func(done, total int64)) (Stats, error) {
-	st, err := send(w, s, name, from, progress)
+// SendOptions say how to send.
+type SendOptions struct {
+	// From is the snapshot an incremental stream starts from; "" for a
+	// complete stream.
+	From string
+	// Live: the store is in use (a mount), so a disk that is not a
+	// snapshot may be written during the send: it is sent from a hidden
+	// snapshot, taken first and deleted at the end. Without Live the
+	// caller holds the store, and nothing writes to it.
+	Live bool
+	// Progress, when not nil, is told the data bytes sent so far and
+	// those to send.
+	Progress func(done, total int64)
+}
+
+// Send writes the disk name of s to w as a stream: complete, or with
+// o.From the changes since that snapshot.
+func Send(w io.Writer, s *image.Store, name string, o SendOptions) (Stats, error) {
+	st, err := send(w, s, name, o)
 	if err != nil {
 		return st, fmt.Errorf("send %q: %w", name, err)
 	}
 	return st, nil
 }
 
-func send(w io.Writer, s *image.Store, name, from string, progress func(done, total int64)) (Stats, error) {
+func send(w io.Writer, s *image.Store, name string, o SendOptions) (Stats, error) {
 	var st Stats
-	nd, err := s.OpenDisk(name)
-	if err != nil {
-		return st, err
-	}
-	defer nd.Close()
 	info, err := s.Stat(name)
 	if err != nil {
 		return st, err
 	}
-	h := stream.Header{Size: info.Size, Name: name, UUID: info.UUID}
+	var nd *image.Disk
+	if !info.Snapshot && o.Live {
+		nd, err = s.SnapshotHidden(name)
+	} else {
+		nd, err = s.OpenDisk(name)
+	}
+	if err != nil {
+		return st, err
+	}
+	defer nd.Close()
+	info = nd.Stat() // a hidden snapshot's: the disk as sent
+	h := stream.Header{Size: info.Size, Name: name, Mode: info.Mode & 0o7777, UID: info.UID, GID: info.GID,
+		Atime: info.Atime.UnixNano(), Mtime: info.Mtime.UnixNano()}
+	if info.Snapshot {
+		h.UUID, st.Snapshot = info.UUID, info.UUID != [16]byte{}
+	}
 	var od *image.Disk
-	if from != "" {
-		oi, err := s.Stat(from)
+	if o.From != "" {
+		oi, err := s.Stat(o.From)
 		if err != nil {
 			return st, fmt.Errorf("--from: %w", err)
 		}
-		if oi.UUID == ([16]byte{}) {
-			return st, fmt.Errorf("--from %q is not a snapshot: an incremental stream starts from a snapshot both stores hold", from)
+		if !oi.Snapshot || oi.UUID == ([16]byte{}) {
+			what := "a writable disk"
+			switch {
+			case oi.Snapshot:
+				what = "a snapshot without an identity"
+			case oi.Clone:
+				what = "a clone (writable)"
+			}
+			return st, fmt.Errorf("--from %q is %s, not a snapshot: an incremental stream starts only from a snapshot both stores hold, which cannot change (take one with vdisk snapshot, and send it): %w", o.From, what, ErrNotSnapshot)
 		}
-		if od, err = s.OpenDisk(from); err != nil {
+		if od, err = s.OpenDisk(o.From); err != nil {
 			return st, fmt.Errorf("--from: %w", err)
 		}
 		defer od.Close()
-		h.From, h.FromName = oi.UUID, from
+		if h.FromDigest, err = baseDigest(od); err != nil {
+			return st, fmt.Errorf("--from %q: %w", o.From, err)
+		}
+		h.From, h.FromName, h.FromSize = oi.UUID, o.From, od.Size()
 		st.Incremental = true
 	}
 	changes, ds, err := image.Diff(od, nd)
@@ -114,8 +181,8 @@ func send(w io.Writer, s *image.Store, name, from string, progress func(done, to
 			st.ReadBytes += c.n
 			st.DataBytes += c.n
 			st.Records += int((c.n + stream.MaxData - 1) / stream.MaxData)
-			if progress != nil {
-				progress(st.DataBytes, total)
+			if o.Progress != nil {
+				o.Progress(st.DataBytes, total)
 			}
 		}
 		if c.free != nil {
@@ -126,6 +193,52 @@ func send(w io.Writer, s *image.Store, name, from string, progress func(done, to
 		}
 	}
 	return st, sw.Close()
+}
+
+// The base digest (stream.Header.FromDigest): SHA-256 of the base's size
+// (u64, little-endian) followed, for each of digestPieces pieces of
+// digestPiece bytes spread evenly over the disk (piece i of n at
+// (size-digestPiece)*i/(n-1) rounded down to a multiple of 4096, but the
+// last, which ends at the end), by its offset (u64) and its bytes; a disk no larger than
+// digestPieces*digestPiece is one piece, all of it. It reads at most
+// 1 MiB, whatever the size, from either side's own copy: content, not
+// block addresses or layout, so stores with other block sizes agree.
+const (
+	digestPieces = 64
+	digestPiece  = 16 << 10
+)
+
+// baseDigest computes the base digest of d.
+func baseDigest(d *image.Disk) ([32]byte, error) {
+	size := d.Size()
+	type piece struct{ off, n int64 }
+	var pieces []piece
+	if size <= digestPieces*digestPiece {
+		pieces = []piece{{0, size}}
+	} else {
+		last := size - digestPiece
+		for i := range int64(digestPieces - 1) {
+			pieces = append(pieces, piece{off: (last * i / (digestPieces - 1)) &^ 4095, n: digestPiece})
+		}
+		pieces = append(pieces, piece{off: last, n: digestPiece})
+	}
+	hash := sha256.New()
+	hash.Write(binary.LittleEndian.AppendUint64(nil, uint64(size)))
+	buf := directio.AlignedBlock(digestPieces * digestPiece)
+	for _, p := range pieces {
+		if p.n == 0 {
+			break
+		}
+		b := buf[:p.n]
+		if k, err := d.ReadAt(b, p.off); int64(k) != p.n {
+			return [32]byte{}, fmt.Errorf("base digest: read %d bytes at %d: %w", p.n, p.off, err)
+		}
+		hash.Write(binary.LittleEndian.AppendUint64(nil, uint64(p.off)))
+		hash.Write(b)
+	}
+	var sum [32]byte
+	hash.Sum(sum[:0])
+	return sum, nil
 }
 
 // readChunk is a piece of a change, read (or a zero range), for Send's
@@ -182,24 +295,37 @@ func readChanges(d *image.Disk, changes []image.Change, out chan<- readChunk, do
 	}
 }
 
+// ReceiveOptions say how to receive.
+type ReceiveOptions struct {
+	// Mode, when not nil, is the received disk's permission bits (at most
+	// 0777) instead of the stream's; UID and GID its owner instead of the
+	// stream's.
+	Mode, UID, GID *uint32
+	// Progress, when not nil, is told the data bytes received so far.
+	Progress func(done int64)
+}
+
 // Receive reads a stream from r into s as the disk name, a read-only
-// snapshot with the sent disk's identity. An incremental stream starts
-// from the receiver's copy of its base (the disk with the base's
-// identity), shared, not copied. Nothing is created unless the whole
-// stream verifies. progress, when not nil, is told the data bytes received
-// so far.
-func Receive(r io.Reader, s *image.Store, name string, progress func(done int64)) (Stats, error) {
-	st, err := receive(r, s, name, progress)
+// snapshot with the sent disk's identity, permission bits, owner and
+// times (or o's). An incremental stream starts from the receiver's copy
+// of its base (the snapshot with the base's identity, whose size and
+// digest must be the sender's), shared, not copied. Nothing is created
+// unless the whole stream verifies.
+func Receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats, error) {
+	st, err := receive(r, s, name, o)
 	if err != nil {
 		return st, fmt.Errorf("receive %q: %w", name, err)
 	}
 	return st, nil
 }
 
-func receive(r io.Reader, s *image.Store, name string, progress func(done int64)) (Stats, error) {
+func receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats, error) {
 	var st Stats
 	if err := image.ValidateName(name); err != nil {
 		return st, err
+	}
+	if o.Mode != nil && *o.Mode&^0o777 != 0 {
+		return st, fmt.Errorf("mode %#o: only permission bits (at most 0777): %w", *o.Mode, image.ErrInvalid)
 	}
 	if _, err := s.Stat(name); err == nil {
 		return st, fmt.Errorf("a disk called %q exists: %w", name, image.ErrExist)
@@ -212,16 +338,25 @@ func receive(r io.Reader, s *image.Store, name string, progress func(done int64)
 	st.Size, st.Incremental = h.Size, h.Incremental()
 	var base *image.Disk
 	if h.Incremental() {
-		baseName, ok := s.FindUUID(h.From)
-		if !ok {
-			return st, fmt.Errorf("the stream is incremental from snapshot %q (identity %x), which this store does not hold: receive a complete stream of it first", h.FromName, h.From)
-		}
-		if base, err = s.OpenDisk(baseName); err != nil {
+		if base, err = openBase(s, h); err != nil {
 			return st, err
 		}
 		defer base.Close()
 	}
-	d, err := s.CreateHidden(h.Size, image.Attr{Mode: 0o644})
+	attr := image.Attr{Mode: 0o600} // a version-1 stream's: root's, private
+	if h.Version >= 2 {
+		attr = image.Attr{Mode: h.Mode & 0o777, UID: h.UID, GID: h.GID}
+	}
+	if o.Mode != nil {
+		attr.Mode = *o.Mode
+	}
+	if o.UID != nil {
+		attr.UID = *o.UID
+	}
+	if o.GID != nil {
+		attr.GID = *o.GID
+	}
+	d, err := s.CreateHidden(h.Size, attr)
 	if err != nil {
 		return st, err
 	}
@@ -254,8 +389,15 @@ func receive(r io.Reader, s *image.Store, name string, progress func(done int64)
 			return st, err
 		}
 		st.DataBytes += rec.Len
-		if progress != nil {
-			progress(st.DataBytes)
+		if o.Progress != nil {
+			o.Progress(st.DataBytes)
+		}
+	}
+	if h.Version >= 2 {
+		// The writes made the times now; the sender's go back.
+		at, mt := time.Unix(0, h.Atime), time.Unix(0, h.Mtime)
+		if err := d.SetAttr(image.AttrChange{Atime: &at, Mtime: &mt}); err != nil {
+			return st, err
 		}
 	}
 	if err := d.Publish(name, true, h.UUID); err != nil {
@@ -265,4 +407,37 @@ func receive(r io.Reader, s *image.Store, name string, progress func(done int64)
 		return st, err
 	}
 	return st, nil
+}
+
+// openBase opens the receiver's copy of the base of the incremental
+// stream h: the snapshot with its identity, which must have the base's
+// size and digest (a version-1 stream carries neither).
+func openBase(s *image.Store, h stream.Header) (*image.Disk, error) {
+	name, ok := s.FindUUID(h.From)
+	if !ok {
+		return nil, fmt.Errorf("the stream is incremental from snapshot %q (identity %x), which this store does not hold as a snapshot: receive a complete stream of it first: %w", h.FromName, h.From, ErrNoBase)
+	}
+	base, err := s.OpenDisk(name)
+	if err != nil {
+		return nil, err
+	}
+	if h.Version < 2 {
+		return base, nil
+	}
+	differs := func(what string) (*image.Disk, error) {
+		base.Close()
+		return nil, fmt.Errorf("the stream is incremental from snapshot %q (identity %x), and this store's snapshot %q has that identity but %s: it is not a copy of the sender's base, and the stream is refused: %w", h.FromName, h.From, name, what, ErrBaseDiffers)
+	}
+	if size := base.Size(); size != h.FromSize {
+		return differs(fmt.Sprintf("%d bytes, not %d", size, h.FromSize))
+	}
+	sum, err := baseDigest(base)
+	if err != nil {
+		base.Close()
+		return nil, fmt.Errorf("base %q: %w", name, err)
+	}
+	if sum != h.FromDigest {
+		return differs("other content (its digest differs)")
+	}
+	return base, nil
 }

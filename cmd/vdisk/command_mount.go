@@ -75,8 +75,8 @@ func (m mountSource) Send(w io.Writer, disk, from string) (transfer.Stats, error
 	return m.srv.Send(w, disk, from)
 }
 
-func (m mountSource) Receive(r io.Reader, name string) (transfer.Stats, error) {
-	return m.srv.Receive(r, name)
+func (m mountSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error) {
+	return m.srv.Receive(r, name, o)
 }
 
 func newMountCmd(e *env) *cobra.Command {

@@ -41,10 +41,10 @@ func (s statsSource) Diff(old, new string) ([]image.Change, image.DiffStats, err
 	return image.Diff(od, nd)
 }
 func (s statsSource) Send(w io.Writer, disk, from string) (transfer.Stats, error) {
-	return transfer.Send(w, s.s, disk, from, nil)
+	return transfer.Send(w, s.s, disk, transfer.SendOptions{From: from, Live: true})
 }
-func (s statsSource) Receive(r io.Reader, name string) (transfer.Stats, error) {
-	return transfer.Receive(r, s.s, name, nil)
+func (s statsSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error) {
+	return transfer.Receive(r, s.s, name, o)
 }
 
 // serveFakeMount formats a memory store, writes 8 × 1 MiB to a disk and

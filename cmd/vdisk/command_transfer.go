@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -128,14 +131,22 @@ func newSendCmd(e *env) *cobra.Command {
 		Short: "Write a disk as a stream, complete or incremental",
 		Long: `Send writes disk NAME to standard output as a stream that "vdisk receive"
 turns back into a disk, on this host or another (through a pipe: vdisk
-send ... | ssh host vdisk receive ...). With --from OLD the stream holds only
-what changed since the snapshot OLD, which the receiver must hold (received
-from an earlier stream); the ranges come from the block maps, so only
-changed data is read. Send a snapshot ("vdisk snapshot"): it does not change
-while it is sent, and its identity lets the next incremental stream start
-from it. NAME is a disk file of a vdiskfs mount (its daemon sends it) or, with
-STORE, a disk of a store that is not mounted. A progress bar is shown on a
-terminal (offline). The stream format is in FORMAT.md ("Send stream").`,
+send ... | ssh host vdisk receive ...). The stream carries the disk's data
+and size, its mode, owner and times, and its identity when it is a
+snapshot; it names no other disk but its base. With --from OLD the stream
+holds only what changed since OLD, which must be a snapshot (a clone or any
+writable disk can change, so it is never a base) and which the receiver
+must hold (received from an earlier stream; the receiver checks that its
+copy has OLD's size and digest). The ranges come from the block maps, so
+only changed data is read. Send snapshots ("vdisk snapshot"): a snapshot's
+identity lets the next incremental stream start from it. A disk that is
+not a snapshot is sent as it is at the start of the send (through a mount,
+its daemon takes a hidden snapshot first, which makes a version-1 store
+version 2 as any snapshot does, and removes it at the end), and no
+incremental stream can start from its copy. NAME is a disk file of a
+vdiskfs mount (its daemon sends it) or, with STORE, a disk of a store that
+is not mounted. A progress bar is shown on a terminal (offline). The
+stream format is in FORMAT.md ("Send stream").`,
 		Example: `  vdisk send /mnt/vdisks/vm1-monday.raw > vm1-monday.stream
   vdisk send /srv/vdisks.img vm1-tuesday.raw --from vm1-monday.raw | ssh backup vdisk receive /srv/vdisks.img vm1-tuesday.raw`,
 		Args: rangeArgs(1, "STORE", "NAME"),
@@ -163,10 +174,10 @@ terminal (offline). The stream format is in FORMAT.md ("Send stream").`,
 			defer e.closeStore(s, &err)
 			bar := e.newProgress(-1, "send") // until the changes are known
 			defer bar.done()
-			st, err := transfer.Send(out, s, args[1], from, func(done, total int64) {
+			st, err := transfer.Send(out, s, args[1], transfer.SendOptions{From: from, Progress: func(done, total int64) {
 				bar.setTotal(total)
 				bar.set(done)
-			})
+			}})
 			if err != nil {
 				return err
 			}
@@ -177,6 +188,9 @@ terminal (offline). The stream format is in FORMAT.md ("Send stream").`,
 			}
 			fmt.Fprintf(e.stderr, "sent %s (%s): %s of data, %s of zeros in %d records\n",
 				args[1], kind, formatSize(st.DataBytes), formatSize(st.ZeroBytes), st.Records)
+			if !st.Snapshot {
+				fmt.Fprintf(e.stderr, "%s is not a snapshot: no incremental stream can start from its copy (send snapshots, vdisk snapshot, for that)\n", args[1])
+			}
 			return nil
 		},
 	}
@@ -185,25 +199,35 @@ terminal (offline). The stream format is in FORMAT.md ("Send stream").`,
 }
 
 func newReceiveCmd(e *env) *cobra.Command {
-	return &cobra.Command{
-		Use:   "receive MOUNTPOINT|STORE NAME [STREAM]",
+	var mode, owner string
+	cmd := &cobra.Command{
+		Use:   "receive MOUNTPOINT|STORE NAME [STREAM] [--mode MODE] [--owner UID[:GID]]",
 		Short: "Make a disk from a stream of vdisk send",
 		Long: `Receive reads a stream of "vdisk send" from the file STREAM, or from standard
 input when STREAM is absent or "-", and makes it disk
 NAME of STORE: a read-only snapshot holding the sent disk, with its
 identity, so that a later incremental stream can be received on top of it.
-Clone it to use it (cp NAME.raw vm.raw on a mount, instant and thin). An
-incremental stream starts from this store's copy of its base snapshot
-(found by identity, whatever its name here) and is refused, creating
-nothing, when the store does not hold it. The disk appears only once the
+Clone it to use it (cp NAME.raw vm.raw on a mount, instant and thin). The
+disk gets the sent disk's permission bits (without setuid, setgid and
+sticky bits), owner and times; --mode and --owner set others (the owner
+as numbers or names, USER, USER:GROUP or :GROUP). A stream of a vdisk from
+before streams carried ownership makes a disk of mode 0600 owned by root.
+An incremental stream starts from this store's copy of its base snapshot
+(found by identity, whatever its name here, and only among snapshots) and
+is refused, creating nothing, when the store does not hold it or when the
+copy's size or digest is not the sender's. The disk appears only once the
 whole stream has arrived and verified: a cut or damaged stream leaves no
 disk behind. Given the MOUNTPOINT of a vdiskfs mount, its daemon receives
 the disk, and it shows in the mount; given a STORE, the store must not be
 mounted.`,
 		Example: `  vdisk receive /mnt/vdisks vm1-monday.raw < vm1-monday.stream
-  vdisk receive /srv/vdisks.img vm1-monday.raw vm1-monday.stream`,
+  vdisk receive /srv/vdisks.img vm1-monday.raw vm1-monday.stream --mode 0640 --owner qemu:kvm`,
 		Args: rangeArgs(2, "STORE", "NAME", "STREAM"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			o, err := receiveFlags(mode, owner)
+			if err != nil {
+				return err
+			}
 			in := io.Reader(os.Stdin)
 			if len(args) == 3 && args[2] != "-" {
 				f, err := os.Open(args[2])
@@ -215,7 +239,7 @@ mounted.`,
 			}
 			if mnt, err := canonicalMountpoint(args[0]); err == nil {
 				if _, err := vdiskMountAt(mnt); err == nil {
-					st, err := telemetry.Receive(mnt, args[1], in)
+					st, err := telemetry.Receive(mnt, args[1], in, o)
 					if err != nil {
 						return err
 					}
@@ -228,15 +252,82 @@ mounted.`,
 				return err
 			}
 			defer e.closeStore(s, &err)
-			return runReceive(e, in, s, args[1])
+			return runReceive(e, in, s, args[1], o)
 		},
 	}
+	cmd.Flags().StringVar(&mode, "mode", "", "the disk's permission bits, in octal (at most 0777), instead of the sent disk's")
+	cmd.Flags().StringVar(&owner, "owner", "", "the disk's owner, UID[:GID] or USER[:GROUP], instead of the sent disk's")
+	return cmd
 }
 
-func runReceive(e *env, in io.Reader, s *image.Store, name string) error {
+// receiveFlags turns --mode and --owner into transfer.ReceiveOptions.
+func receiveFlags(mode, owner string) (transfer.ReceiveOptions, error) {
+	var o transfer.ReceiveOptions
+	if mode != "" {
+		m, err := strconv.ParseUint(mode, 8, 32)
+		if err != nil || m&^0o777 != 0 {
+			return o, usageErrorf("--mode %q: permission bits in octal, at most 0777 (no setuid, setgid or sticky bit)", mode)
+		}
+		k := uint32(m)
+		o.Mode = &k
+	}
+	if owner == "" {
+		return o, nil
+	}
+	u, g, hasGroup := strings.Cut(owner, ":")
+	if u == "" && (!hasGroup || g == "") || hasGroup && g == "" {
+		return o, usageErrorf("--owner %q: UID[:GID], USER[:GROUP] or :GROUP", owner)
+	}
+	if u != "" {
+		uid, err := ownerID(u, "user", func(name string) (string, error) {
+			usr, err := user.Lookup(name)
+			if err != nil {
+				return "", err
+			}
+			return usr.Uid, nil
+		})
+		if err != nil {
+			return o, err
+		}
+		o.UID = &uid
+	}
+	if g != "" {
+		gid, err := ownerID(g, "group", func(name string) (string, error) {
+			grp, err := user.LookupGroup(name)
+			if err != nil {
+				return "", err
+			}
+			return grp.Gid, nil
+		})
+		if err != nil {
+			return o, err
+		}
+		o.GID = &gid
+	}
+	return o, nil
+}
+
+// ownerID is v as a number, or the id of the user or group named v.
+func ownerID(v, what string, lookup func(string) (string, error)) (uint32, error) {
+	if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	id, err := lookup(v)
+	if err != nil {
+		return 0, usageErrorf("--owner: no %s %q: %v", what, v, err)
+	}
+	n, err := strconv.ParseUint(id, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("--owner: %s %q has id %q", what, v, id)
+	}
+	return uint32(n), nil
+}
+
+func runReceive(e *env, in io.Reader, s *image.Store, name string, o transfer.ReceiveOptions) error {
 	bar := e.newProgress(-1, "receive") // a stream's length is not known
 	defer bar.done()
-	st, err := transfer.Receive(in, s, name, bar.set)
+	o.Progress = bar.set
+	st, err := transfer.Receive(in, s, name, o)
 	if err != nil {
 		return err
 	}
