@@ -50,6 +50,10 @@ type mountSource struct {
 func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
 func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.srv.OpMetrics() }
 
+// Stat describes a disk: the socket checks its mode before a peer reads
+// it.
+func (m mountSource) Stat(name string) (image.DiskInfo, error) { return m.s.Stat(name) }
+
 // Sync is `vdisk sync MOUNTPOINT`: the full commit an fsync makes.
 func (m mountSource) Sync() error { return m.s.Commit() }
 
