@@ -24,10 +24,12 @@ package telemetry
 // directory 0755) are taken away; since neither could ever write there,
 // everything in it is the daemon user's.
 //
-// A client run by another user looks for the socket in its own runtime
-// directory, then in root's (findSocket): --socket-group is for daemons run
-// as root (fstab, systemd), whose sockets other users can find; another
-// user's runtime directory is that user's.
+// A client looks for the socket in its own runtime directory, then in the
+// runtime directory of the user the kernel names as the mount's owner
+// (findSocket): the members of a root daemon's socket group find its
+// socket in /run/vdiskfs. A non-root daemon's directory under
+// $XDG_RUNTIME_DIR is usually closed to other users, so --socket-group is
+// mostly for daemons run as root (fstab, systemd).
 //
 // A socket is bound in a fresh 0700 directory inside the runtime
 // directory, given its mode (0600, or 0660 and the socket group) and only
