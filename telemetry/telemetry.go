@@ -7,6 +7,12 @@
 // /snapshot; diff, send and receive); the TCP listener never
 // does: it has no authentication, and these change the store.
 //
+// The socket admits only root, the daemon's user and, when configured,
+// the members of one group: its mode is 0600 (0660 with a group), it lives
+// in a directory only the daemon's user may write in, and every
+// connection's peer is checked (SO_PEERCRED). Disk data read through it
+// obeys the disk's mode for the peer. socket.go and peer.go say how.
+//
 // Every figure comes from image.Store.Metrics (requests, map, coalescer,
 // backend, journal, allocator, per disk) and from the FUSE layer's per-op
 // counts and latencies (fs.Server.OpMetrics). Nothing here counts on its own:
@@ -25,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -35,6 +42,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sirupsen/logrus"
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/transfer"
@@ -52,6 +60,9 @@ type Source interface {
 // Controller is what a local operator may ask of a running mount through
 // its Unix socket.
 type Controller interface {
+	// Stat describes the disk called name (image.Store.Stat): the socket
+	// checks its mode and owners before a peer reads it.
+	Stat(name string) (image.DiskInfo, error)
 	// Sync commits the whole store: every write, map and catalog change
 	// acknowledged before the call is durable when it returns.
 	Sync() error
@@ -115,26 +126,45 @@ func Handler(src Source, mountpoint, store string) http.Handler {
 }
 
 // SocketPath is where the mount at mountpoint (absolute) listens:
-// /run/vdiskfs for root, else $XDG_RUNTIME_DIR/vdiskfs (or the temp dir),
-// named by a hash of the mount point.
+// /run/vdiskfs for root, else $XDG_RUNTIME_DIR/vdiskfs (or the temp dir's
+// vdiskfs-UID), named by a hash of the mount point.
 func SocketPath(mountpoint string) string {
-	dir := "/run/vdiskfs"
-	if os.Geteuid() != 0 {
-		if rt := os.Getenv("XDG_RUNTIME_DIR"); rt != "" {
-			dir = filepath.Join(rt, "vdiskfs")
-		} else {
-			dir = filepath.Join(os.TempDir(), fmt.Sprintf("vdiskfs-%d", os.Geteuid()))
-		}
-	}
-	sum := sha256.Sum256([]byte(mountpoint))
-	return filepath.Join(dir, hex.EncodeToString(sum[:8])+".sock")
+	return filepath.Join(runtimeDir(), socketName(mountpoint))
 }
 
-// Serve listens on the mount's Unix socket, with h and ctl's requests, and,
-// when metricsAddr is not empty, on that TCP address too, with h only (it
-// must be a loopback address unless allowRemote). It returns a function
-// that stops both; calling it again does nothing.
+func socketName(mountpoint string) string {
+	sum := sha256.Sum256([]byte(mountpoint))
+	return hex.EncodeToString(sum[:8]) + ".sock"
+}
+
+// Options are how Start serves a mount.
+type Options struct {
+	// MetricsAddr, when not empty, is a TCP address to serve the metrics
+	// handler on too; it must be a loopback address unless AllowRemote.
+	MetricsAddr string
+	AllowRemote bool
+	// SocketGroup, when not nil, is a group whose members may use the
+	// socket besides root and the daemon's user (vdisk mount
+	// --socket-group): the socket is then 0660 and the group's.
+	SocketGroup *Group
+	// Logger gets a warning for every connection refused; nil is
+	// logrus's standard logger.
+	Logger logrus.FieldLogger
+
+	dir string // the runtime directory, when not runtimeDir() (tests)
+}
+
+// Serve is Start with no socket group: it serves the mount's socket, and
+// metricsAddr when not empty.
 func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allowRemote bool) (stop func(), err error) {
+	return Start(h, ctl, mountpoint, Options{MetricsAddr: metricsAddr, AllowRemote: allowRemote})
+}
+
+// Start listens on the mount's Unix socket, with h and ctl's requests for
+// the peers it admits, and, when o.MetricsAddr is not empty, on that TCP
+// address too, with h only. It returns a function that stops both; calling
+// it again does nothing.
+func Start(h http.Handler, ctl Controller, mountpoint string, o Options) (stop func(), err error) {
 	var servers []*http.Server
 	closeAll := func() {
 		for _, s := range servers {
@@ -142,29 +172,38 @@ func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allow
 		}
 	}
 	stop = closeAll
-	sock := SocketPath(mountpoint)
-	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
-		return stop, fmt.Errorf("stats socket directory: %w", err)
+	if o.MetricsAddr != "" && !o.AllowRemote {
+		if err := requireLoopback(o.MetricsAddr); err != nil {
+			return stop, err
+		}
 	}
-	os.Remove(sock) // left by a killed daemon; the store lock proves it is ours now
-	ul, err := net.Listen("unix", sock)
+	log := o.Logger
+	if log == nil {
+		log = logrus.StandardLogger()
+	}
+	dir := o.dir
+	if dir == "" {
+		dir = runtimeDir()
+	}
+	euid := uint32(os.Geteuid())
+	if err := prepareDir(dir, euid, o.SocketGroup != nil); err != nil {
+		return stop, err
+	}
+	ul, err := listenSocket(dir, socketName(mountpoint), o.SocketGroup)
 	if err != nil {
-		return stop, fmt.Errorf("stats socket: %w", err)
+		return stop, err
 	}
 	// The socket is removed by stop, and only if it is still ours: a
 	// daemon that mounts the same point after this one has closed its
 	// store may already have put its own there.
-	ul.(*net.UnixListener).SetUnlinkOnClose(false)
-	mine, _ := os.Stat(sock)
-	servers = append(servers, serve(withControl(h, ctl), ul))
-	if metricsAddr != "" {
-		if !allowRemote {
-			if err := requireLoopback(metricsAddr); err != nil {
-				closeAll()
-				return stop, err
-			}
-		}
-		tl, err := net.Listen("tcp", metricsAddr)
+	sock := filepath.Join(dir, socketName(mountpoint))
+	mine, _ := os.Lstat(sock)
+	sh := socketHandler{stats: h, ctl: ctl, policy: policy{uid: euid, group: o.SocketGroup}, mountpoint: mountpoint, log: log}
+	us := &http.Server{Handler: sh, ReadHeaderTimeout: 10 * time.Second, ConnContext: peerContext}
+	go us.Serve(peerListener{ul})
+	servers = append(servers, us)
+	if o.MetricsAddr != "" {
+		tl, err := net.Listen("tcp", o.MetricsAddr)
 		if err != nil {
 			closeAll()
 			return stop, fmt.Errorf("metrics listener: %w", err)
@@ -175,7 +214,7 @@ func Serve(h http.Handler, ctl Controller, mountpoint, metricsAddr string, allow
 	return func() {
 		once.Do(func() {
 			closeAll()
-			if now, err := os.Stat(sock); err == nil && mine != nil && os.SameFile(mine, now) {
+			if now, err := os.Lstat(sock); err == nil && mine != nil && os.SameFile(mine, now) {
 				os.Remove(sock)
 			}
 		})
@@ -229,6 +268,8 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, image.ErrInvalidName):
 		return http.StatusBadRequest
+	case errors.Is(err, fs.ErrPermission):
+		return http.StatusForbidden
 	}
 	return http.StatusInternalServerError
 }
@@ -254,6 +295,8 @@ func errorOf(resp *http.Response) error {
 		e.is = image.ErrExist
 	case http.StatusBadRequest:
 		e.is = image.ErrInvalidName
+	case http.StatusForbidden:
+		e.is = fs.ErrPermission
 	}
 	if e.msg == "" {
 		e.msg = resp.Status
@@ -293,13 +336,17 @@ func client(mountpoint string, timeout time.Duration) (c *http.Client, abs, sock
 	if abs, err = filepath.Abs(mountpoint); err != nil {
 		return nil, "", "", err
 	}
-	sock = SocketPath(abs)
-	c = &http.Client{Timeout: timeout, Transport: &http.Transport{
+	sock = findSocket(abs)
+	if err := mayConnect(abs, sock); err != nil {
+		return nil, "", "", err
+	}
+	c = &http.Client{Timeout: timeout, Transport: expectContinue{&http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
 		},
-	}}
+		ExpectContinueTimeout: time.Second,
+	}}}
 	return c, abs, sock, nil
 }
 
@@ -314,6 +361,9 @@ func Fetch(mountpoint string) (*Stats, error) {
 		return nil, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("stats of %s: %w", abs, errorOf(resp))
+	}
 	var st Stats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return nil, fmt.Errorf("stats of %s: %w", abs, err)

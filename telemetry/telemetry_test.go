@@ -28,6 +28,7 @@ type storeSource struct {
 func (s storeSource) Metrics() image.Metrics                        { return s.s.Metrics() }
 func (s storeSource) OpMetrics() map[string]image.HistogramSnapshot { return s.ops }
 func (s storeSource) Sync() error                                   { return s.s.Commit() }
+func (s storeSource) Stat(name string) (image.DiskInfo, error)      { return s.s.Stat(name) }
 func (s storeSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return s.s.Snapshot(disk, name)
 }

@@ -37,6 +37,7 @@ type mountFlags struct {
 	ioEngine       string
 	fuseTransport  string
 	metricsAddr    string
+	socketGroup    string // members may use the control socket too
 	breakLock      bool
 	options        []string // -o, mount(8)-style (mountopts.go)
 }
@@ -49,6 +50,10 @@ type mountSource struct {
 
 func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
 func (m mountSource) OpMetrics() map[string]image.HistogramSnapshot { return m.srv.OpMetrics() }
+
+// Stat describes a disk: the socket checks its mode before a peer reads
+// it.
+func (m mountSource) Stat(name string) (image.DiskInfo, error) { return m.s.Stat(name) }
 
 // Sync is `vdisk sync MOUNTPOINT`: the full commit an fsync makes.
 func (m mountSource) Sync() error { return m.s.Commit() }
@@ -105,13 +110,20 @@ store can be mounted once at a time. When the store is still held by a daemon
 that was unmounted a moment ago and is closing it, vdisk mount waits for it
 (30 s at most).
 
+vdisk stats, sync, snapshot, clone, diff, send and receive reach a mount
+through its control socket, which admits only root and the user the daemon
+runs as; --socket-group GROUP admits the members of GROUP too (the socket is
+then 0660 and GROUP's). Disks read through it (send, diff, and the source of
+a snapshot or clone) must be readable by the caller, as through the mount.
+
 -o takes mount(8)-style options, as /etc/fstab passes them through
 mount.fuse3 ("mount -t fuse.vdisk STORE MOUNTPOINT -o OPTIONS" runs
 "vdisk STORE MOUNTPOINT -o OPTIONS"): allow_other, debug,
-commit_interval=DURATION, metrics=ADDR, log_file=PATH, log_level=LEVEL,
-log_format=text|json, fuse_transport=T and io_engine=E set the flags of the
-same name; nofail, _netdev, noauto, x-systemd.* and the other generic
-options are accepted and left to mount(8) and systemd; ro is refused.
+commit_interval=DURATION, metrics=ADDR, socket_group=GROUP, log_file=PATH,
+log_level=LEVEL, log_format=text|json, fuse_transport=T and io_engine=E set
+the flags of the same name; nofail, _netdev, noauto, x-systemd.* and the
+other generic options are accepted and left to mount(8) and systemd; ro is
+refused.
 
 STORE may be a Ceph RBD image, rbd:POOL/IMAGE (see vdisk format). Its
 exclusive lock makes sure one client at a time mounts it, on any host:
@@ -145,6 +157,7 @@ it can never write to the image again, then its lock is broken.`,
 	fl.StringVar(&f.ioEngine, "io-engine", "auto", "how the store's data reads are issued: io_uring, pread, or auto (io_uring when the kernel allows it); writes are pwrite")
 	fl.StringVar(&f.fuseTransport, "fuse-transport", "auto", "how FUSE requests reach vdiskfs: io_uring (FUSE-over-io_uring; turns on the fuse module's enable_uring), dev (/dev/fuse), or auto (io_uring when enabled)")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
+	fl.StringVar(&f.socketGroup, "socket-group", "", "let the members of this group (a name or a gid) use the mount's control socket (vdisk stats, sync, snapshot, send, ...) besides root and the daemon's user")
 	fl.BoolVar(&f.breakLock, "break-lock", false, "for an rbd: store: blocklist the client holding the image's exclusive lock and take the lock over")
 	fl.StringArrayVarP(&f.options, "options", "o", nil, "mount(8)-style options, comma-separated (allow_other,commit_interval=5s,metrics=ADDR,...)")
 	return cmd
@@ -156,6 +169,11 @@ func runMount(e *env, store, mnt string, f mountFlags) error {
 	}
 	if _, err := fs.ParseTransport(f.fuseTransport); err != nil {
 		return usageErrorf("--fuse-transport: %v", err)
+	}
+	if f.socketGroup != "" {
+		if _, err := telemetry.LookupGroup(f.socketGroup); err != nil {
+			return usageErrorf("--socket-group: %v", err)
+		}
 	}
 	if f.breakLock && !backend.IsRBD(store) {
 		return usageErrorf("--break-lock applies to an rbd:POOL/IMAGE store only: a file's or a device's lock goes away with the process holding it")
@@ -200,6 +218,14 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return usageErrorf("--fuse-transport: %v", err)
 	}
 	engine = fs.StoreEngine(transport, engine)
+	topts := telemetry.Options{MetricsAddr: f.metricsAddr}
+	if f.socketGroup != "" {
+		g, err := telemetry.LookupGroup(f.socketGroup)
+		if err != nil {
+			return usageErrorf("--socket-group: %v", err)
+		}
+		topts.SocketGroup = &g
+	}
 	if f.breakLock {
 		if err := breakLock(e, store); err != nil {
 			return err
@@ -218,10 +244,13 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 		return err
 	}
 	// vdisk stats reads the mount's socket; --metrics adds a TCP listener.
+	// Without the socket the mount still serves its disks, unless the
+	// socket was asked for a group or metrics were asked for.
 	src := mountSource{s, srv}
-	stopTelemetry, err := telemetry.Serve(telemetry.Handler(src, mnt, store), src, mnt, f.metricsAddr, false)
+	topts.Logger = e.log
+	stopTelemetry, err := telemetry.Start(telemetry.Handler(src, mnt, store), src, mnt, topts)
 	if err != nil {
-		if f.metricsAddr != "" {
+		if f.metricsAddr != "" || f.socketGroup != "" {
 			srv.Unmount()
 			s.Close()
 			return err
@@ -388,6 +417,9 @@ func daemonize(e *env, store, mnt string, f mountFlags) error {
 	}
 	if f.metricsAddr != "" {
 		args = append(args, "--metrics", f.metricsAddr)
+	}
+	if f.socketGroup != "" {
+		args = append(args, "--socket-group", f.socketGroup)
 	}
 	if f.breakLock {
 		args = append(args, "--break-lock")

@@ -21,6 +21,7 @@ type statsSource struct{ s *image.Store }
 func (s statsSource) Metrics() image.Metrics                        { return s.s.Metrics() }
 func (s statsSource) OpMetrics() map[string]image.HistogramSnapshot { return nil }
 func (s statsSource) Sync() error                                   { return s.s.Commit() }
+func (s statsSource) Stat(name string) (image.DiskInfo, error)      { return s.s.Stat(name) }
 func (s statsSource) Snapshot(disk, name string) (image.DiskInfo, error) {
 	return s.s.Snapshot(disk, name)
 }

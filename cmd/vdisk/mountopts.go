@@ -54,6 +54,7 @@ var ignoredMountOptions = map[string]bool{
 //	debug                     --debug
 //	commit_interval=DURATION  --commit-interval (5s, 1m, ...; a bare number is seconds)
 //	metrics=ADDR              --metrics
+//	socket_group=GROUP        --socket-group
 //	log_file=PATH             --log-file
 //	log_level=LEVEL           --log-level
 //	log_format=text|json      --log-format
@@ -86,6 +87,8 @@ func applyMountOptions(e *env, f *mountFlags, opts string) error {
 			f.commitInterval = d
 		case key == "metrics":
 			f.metricsAddr = val
+		case key == "socket_group":
+			f.socketGroup = val
 		case key == "log_file":
 			f.logFile = val
 		case key == "log_level":
