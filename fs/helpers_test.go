@@ -153,6 +153,12 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 	} else if err := image.FormatPath(tc.storePath, tc.storeSize, tc.formatOpt); err != nil {
 		t.Fatal(err)
 	}
+	// Production wiring, as cmd/vdisk's mount does it: the transport
+	// settled once, the store's engine chosen from it.
+	if err := PrepareTransport(tc.mountOpts.Transport); err != nil {
+		t.Fatal(err)
+	}
+	tc.storeOpts.IOEngine = StoreEngine(tc.mountOpts.Transport, tc.storeOpts.IOEngine)
 	tc.openStore()
 	t.Cleanup(tc.cleanup)
 	tc.mount()
