@@ -19,6 +19,8 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // testCase is a store in t.TempDir() mounted in this process.
@@ -80,22 +82,7 @@ func withStoreSize(size int64) tcOption {
 
 // requireFUSE skips the test when this process cannot serve FUSE, and
 // fails it instead in CI, where FUSE must be there.
-func requireFUSE(t testing.TB) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse: " + err.Error()
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("FUSE tests need root and /dev/fuse in CI: %s", why)
-	}
-	t.Skipf("FUSE tests need root and /dev/fuse: %s", why)
-}
+func requireFUSE(t testing.TB) { testutil.RequireFUSE(t) }
 
 var testLogger = func() *logrus.Logger {
 	l := logrus.New()
@@ -356,10 +343,7 @@ func requireTool(t testing.TB, bin, pkg string) {
 		return
 	}
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is missing and cannot be installed without root", bin)
-		}
-		t.Skipf("%s is missing (package %s)", bin, pkg)
+		testutil.Missing(t, "%s is missing (package %s) and cannot be installed without root", bin, pkg)
 	}
 	installMu.Lock()
 	defer installMu.Unlock()
