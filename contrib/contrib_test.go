@@ -243,10 +243,7 @@ func TestProblemsCatchesUnknownNames(t *testing.T) {
 func TestSystemdUnitsVerify(t *testing.T) {
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("systemd-analyze is missing in CI (tools/test.sh installs systemd)")
-		}
-		t.Skip("no systemd-analyze here")
+		testutil.Missing(t, "no systemd-analyze here (tools/test.sh installs systemd)")
 	}
 	bin := testutil.VdiskBinary(t, false)
 	docs := t.TempDir()

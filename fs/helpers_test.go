@@ -19,6 +19,8 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // testCase is a store in t.TempDir() mounted in this process.
@@ -34,6 +36,7 @@ type testCase struct {
 	memBE     memBackend          // the store's backing instead of a file (withMemBackend)
 	formatOpt image.FormatOptions // how the store is formatted
 	formatOps int                 // for a Crash memBE: its op count when Format returned
+	notStrict bool                // withoutStrict
 	store     *image.Store
 	srv       *Server
 }
@@ -41,8 +44,13 @@ type testCase struct {
 type tcOption func(*testCase)
 
 // withStoreOptions opens the store with o (CommitInterval -1 keeps the
-// background commit from running behind a test's back).
+// background commit from running behind a test's back). Strict is on
+// whatever o says, unless withoutStrict.
 func withStoreOptions(o image.Options) tcOption { return func(tc *testCase) { tc.storeOpts = o } }
+
+// withoutStrict opens the store without Check after every commit, for a
+// test that means to leave the store inconsistent between commits.
+func withoutStrict() tcOption { return func(tc *testCase) { tc.notStrict = true } }
 
 // withBackend opens the store on wrap(the file backend), for tests that
 // watch or slow down backend I/O.
@@ -80,22 +88,7 @@ func withStoreSize(size int64) tcOption {
 
 // requireFUSE skips the test when this process cannot serve FUSE, and
 // fails it instead in CI, where FUSE must be there.
-func requireFUSE(t testing.TB) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse: " + err.Error()
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("FUSE tests need root and /dev/fuse in CI: %s", why)
-	}
-	t.Skipf("FUSE tests need root and /dev/fuse: %s", why)
-}
+func requireFUSE(t testing.TB) { testutil.RequireFUSE(t) }
 
 var testLogger = func() *logrus.Logger {
 	l := logrus.New()
@@ -131,6 +124,10 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 		}
 	}
 	tc.storeOpts.Program = "fs test"
+	// Every mounted test checks the whole store after every commit
+	// (Options.Strict), so a test finds a broken invariant where it
+	// happens, not only in the final fsck.
+	tc.storeOpts.Strict = !tc.notStrict
 	if tc.storeOpts.Logger == nil {
 		tc.storeOpts.Logger = testLogger
 	}
@@ -153,6 +150,12 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 	} else if err := image.FormatPath(tc.storePath, tc.storeSize, tc.formatOpt); err != nil {
 		t.Fatal(err)
 	}
+	// Production wiring, as cmd/vdisk's mount does it: the transport
+	// settled once, the store's engine chosen from it.
+	if err := PrepareTransport(tc.mountOpts.Transport); err != nil {
+		t.Fatal(err)
+	}
+	tc.storeOpts.IOEngine = StoreEngine(tc.mountOpts.Transport, tc.storeOpts.IOEngine)
 	tc.openStore()
 	t.Cleanup(tc.cleanup)
 	tc.mount()
@@ -350,10 +353,7 @@ func requireTool(t testing.TB, bin, pkg string) {
 		return
 	}
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is missing and cannot be installed without root", bin)
-		}
-		t.Skipf("%s is missing (package %s)", bin, pkg)
+		testutil.Missing(t, "%s is missing (package %s) and cannot be installed without root", bin, pkg)
 	}
 	installMu.Lock()
 	defer installMu.Unlock()

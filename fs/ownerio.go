@@ -4,16 +4,17 @@ import (
 	"math"
 	"time"
 
+	"github.com/vdiskfs/vdiskfs/door"
+	"github.com/vdiskfs/vdiskfs/door/storeplan"
 	"github.com/vdiskfs/vdiskfs/fs/fuseuring"
-	"github.com/vdiskfs/vdiskfs/image"
 )
 
 // ownerIO lets the FUSE-over-io_uring queues serve READ and WRITE requests
 // on their owner threads (fuseuring.IOServer): the request is planned
-// against the disk's map (image.Disk.PlanRead, PlanWrite) and its backing
-// I/O goes through the backend's submission seam onto the queue's own ring
-// with the replies (or, on RBD, starts on the queue's own completion queue,
-// image.Completions, reaped through the same ring; on a memory backend, is
+// against the disk's map (image.Disk.PlanRead, PlanWrite) into a
+// door.Plan (package door/storeplan), whose backing I/O the queue puts on
+// its own ring with the replies (or, on RBD, starts on the queue's own
+// completion queue, reaped through the same ring; on a memory backend, has
 // done at once), so it costs no goroutine hand-off and no thread blocked in
 // pread or pwrite. What cannot
 // be planned without waiting (unaligned I/O, growing writes, writes a full
@@ -35,17 +36,19 @@ type ownerIO struct {
 // NewCompletions is the store's completion queue for one queue's owner,
 // on a backend whose I/O the owner starts without waiting (RBD); nil for
 // others.
-func (o ownerIO) NewCompletions() (*image.Completions, error) { return o.v.store.NewCompletions() }
+func (o ownerIO) NewCompletions() (door.Completions, error) {
+	return storeplan.NewCompletions(o.v.store)
+}
 
-func (o ownerIO) NewIO(cq *image.Completions) fuseuring.IO {
-	return &ownerRequest{v: o.v, timed: o.timed, plan: image.IOPlan{Completions: cq}}
+func (o ownerIO) NewIO(cq door.Completions) fuseuring.IO {
+	return &ownerRequest{v: o.v, timed: o.timed, plan: storeplan.NewPlan(cq)}
 }
 
 // ownerRequest is one ring entry's request; only its queue's owner uses it.
 type ownerRequest struct {
 	v     *vfs
 	timed *timedFS
-	plan  image.IOPlan
+	plan  *storeplan.Plan
 	op    string    // "READ" or "WRITE", for the latency histograms
 	file  *diskFile // pinned between Start and End
 	start time.Time
@@ -63,11 +66,11 @@ func (r *ownerRequest) Start(nodeID, off uint64, buf []byte, write bool, flags u
 	planned := false
 	switch {
 	case write && sync == syncData:
-		planned, r.op = f.disk.PlanWriteSync(&r.plan, buf, int64(off), maxIOs), "WRITE"
+		planned, r.op = f.disk.PlanWriteSync(&r.plan.IOPlan, buf, int64(off), maxIOs), "WRITE"
 	case write:
-		planned, r.op = f.disk.PlanWrite(&r.plan, buf, int64(off), maxIOs), "WRITE"
+		planned, r.op = f.disk.PlanWrite(&r.plan.IOPlan, buf, int64(off), maxIOs), "WRITE"
 	default:
-		planned, r.op = f.disk.PlanRead(&r.plan, buf, int64(off), maxIOs), "READ"
+		planned, r.op = f.disk.PlanRead(&r.plan.IOPlan, buf, int64(off), maxIOs), "READ"
 	}
 	if !planned {
 		r.v.unpin(f)
@@ -77,18 +80,18 @@ func (r *ownerRequest) Start(nodeID, off uint64, buf []byte, write bool, flags u
 	return true
 }
 
-func (r *ownerRequest) Plan() *image.IOPlan { return &r.plan }
+func (r *ownerRequest) Plan() door.Plan { return r.plan }
 
 func (r *ownerRequest) End(ok bool) {
 	if ok {
-		durable := r.plan.Durable
-		r.plan.Finish()
+		durable := r.plan.IOPlan.Durable
+		r.plan.IOPlan.Finish()
 		r.timed.since(r.op, r.start)
 		if durable {
 			r.timed.since("SYNC_WRITE", r.start)
 		}
 	} else {
-		r.plan.Abort()
+		r.plan.IOPlan.Abort()
 	}
 	r.v.unpin(r.file)
 	r.file = nil

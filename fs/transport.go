@@ -37,32 +37,41 @@ func ParseTransport(s string) (Transport, error) {
 	return "", fmt.Errorf("unknown FUSE transport %q (want auto, io_uring or dev)", s)
 }
 
-// wantIOURing says whether Mount should ask the kernel for io_uring, and
-// why not when it should not. Auto turns the fuse module's enable_uring on
-// when it may (root): the parameter only lets servers ask for io_uring.
-func wantIOURing(t Transport) (bool, error) {
+// PrepareTransport readies the kernel for mounts with transport t: for
+// io_uring it turns the fuse module's enable_uring parameter on (which
+// needs root), failing if it cannot; for auto it does so when it may
+// (root), since the parameter only lets servers ask for io_uring. It is
+// the only function here that changes the system: a program calls it once,
+// before StoreEngine and Mount, which only look (cmd/vdisk's mount does).
+func PrepareTransport(t Transport) error {
 	switch t {
-	case TransportDev:
-		return false, fmt.Errorf("--fuse-transport=dev")
 	case TransportIOURing:
-		if err := fuseuring.Enable(); err != nil {
-			return false, err
+		return fuseuring.Enable()
+	case TransportAuto:
+		if fuseuring.Available() != nil && os.Geteuid() == 0 {
+			_ = fuseuring.Enable() // auto falls back to /dev/fuse, and Mount logs why
 		}
-		return true, nil
+	}
+	return nil
+}
+
+// wantIOURing says whether Mount asks the kernel for io_uring with
+// transport t, and why not when it does not. It only looks.
+func wantIOURing(t Transport) (bool, error) {
+	if t == TransportDev {
+		return false, fmt.Errorf("--fuse-transport=dev")
 	}
 	err := fuseuring.Available()
-	if err != nil && os.Geteuid() == 0 {
-		err = fuseuring.Enable()
-	}
 	return err == nil, err
 }
 
 // StoreEngine is the I/O engine to open a store with that will be mounted
-// with transport t, when the operator chose engine (auto by default). With
+// with transport t, when the operator chose engine (auto by default): over
 // FUSE-over-io_uring, reads are plain preads issued by the request's
 // handler: the request already arrives on a ring, and a backend io_uring
 // would add a second hand-off to another thread per read, which made small
-// random reads slower.
+// random reads slower. It only looks: call PrepareTransport first, so that
+// it sees what Mount will.
 func StoreEngine(t Transport, engine backend.Engine) backend.Engine {
 	if engine != backend.EngineAuto {
 		return engine

@@ -253,7 +253,7 @@ func BenchmarkPlanPrepareSQE4KiB(b *testing.B) {
 			b.Fatal("not planned")
 		}
 		sqe = iouring.SQE{}
-		if !pl.PrepareSQE(&sqe, 0) {
+		if !prepareSQE(&pl, &sqe, 0) {
 			b.Fatal("not prepared")
 		}
 		pl.Finish()

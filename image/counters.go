@@ -38,6 +38,10 @@ type Counters struct {
 	// of their first use (Store.prepareChunk), not counted as data writes.
 	PreparedBytes atomic.Uint64
 
+	// Declines: plans a door's queue thread asked for and did not get,
+	// by reason (Decline); those requests went the way that may block.
+	Declines declineCounts
+
 	// Journal.
 	Commits          atomic.Uint64 // journal commits written
 	UnflushedCommits atomic.Uint64 // of Commits, the timer's of times alone, not flushed (Store.commitBackground)
@@ -114,6 +118,9 @@ type CounterSnapshot struct {
 	UnflushedCommits  uint64 `json:"unflushed_commits"`
 	JournalBytes      uint64 `json:"journal_bytes"`
 	Checkpoints       uint64 `json:"checkpoints"`
+	// PlanDeclines counts the declined plans by reason (Decline.String),
+	// the reasons never seen left out.
+	PlanDeclines map[string]uint64 `json:"plan_declines,omitempty"`
 }
 
 func (c *Counters) snapshot() CounterSnapshot {
@@ -126,6 +133,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		UnflushedCommits: c.UnflushedCommits.Load(),
 		Checkpoints:      c.Checkpoints.Load(),
 		Allocations:      c.Allocations.Load(), AllocatedBlocks: c.AllocatedBlocks.Load(),
+		PlanDeclines: c.Declines.snapshot(),
 	}
 	for i := range c.shards {
 		sh := &c.shards[i]

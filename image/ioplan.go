@@ -8,7 +8,6 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
-	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
 
 // An IOPlan is a disk read or write turned into I/O on the store's
@@ -21,10 +20,11 @@ import (
 //
 //   - Disk.ReadAt, WriteAt and WriteAtSync plan waiting as needed, perform
 //     the plan's I/O on the caller's goroutine (run) and finish it;
-//   - the FUSE io_uring transport's queue threads, which must not block,
-//     plan with PlanRead, PlanWrite or PlanWriteSync, which decline what
-//     would need a wait, put each I/O on their own ring where the backend
-//     prepares it an entry (PrepareSQE: File, Device), start it on their
+//   - the doors' queue threads (package door: the FUSE io_uring queues),
+//     which must not block, plan with PlanRead, PlanWrite or PlanWriteSync,
+//     which decline what would need a wait, put each I/O on their own ring
+//     where the backend prepares it an entry (Submitter: File, Device;
+//     through package door/storeplan), start it on their
 //     own completion queue of the backend (Start: RBD, whose I/O waits
 //     for the network; the plan is Async) or have the backend perform it
 //     at once (Do: Mem, Crash), and call Finish or Abort.
@@ -43,7 +43,7 @@ import (
 // request to request; its zero value is ready. It allocates nothing: its
 // slices belong to a pooled scratch while the plan is held.
 type IOPlan struct {
-	// IOs is the I/O to issue on the backing (PrepareSQE or Do): reads
+	// IOs is the I/O to issue on the backing (Submitter or Do): reads
 	// into, or writes from, the buffer given to the Plan call (or, for an
 	// unaligned request of ReadAt or WriteAt, a bounce buffer). When
 	// every one has transferred all of its Buf, the request is done: N
@@ -94,7 +94,7 @@ type planMode struct {
 	// disk, lets the allocator commit to release quarantined blocks, and
 	// takes any number of I/Os. Without wait a plan that would need any
 	// of these, or a fua plan that durable writes alone do not make
-	// durable, is declined (errDeclined), with nothing held.
+	// durable, is declined (a Decline), with nothing held.
 	wait   bool
 	maxIOs int // the most I/Os a plan without wait may have
 	// locked: the caller holds an exclusive range lock over the request
@@ -103,13 +103,8 @@ type planMode struct {
 	locked bool
 }
 
-var (
-	// errDeclined says a plan without wait was not made: the request is
-	// ReadAt's or WriteAt's to serve.
-	errDeclined = errors.New("image: request not planned")
-	// errEmpty says a request of no bytes, which needs no plan.
-	errEmpty = errors.New("image: empty request")
-)
+// errEmpty says a request of no bytes, which needs no plan.
+var errEmpty = errors.New("image: empty request")
 
 // PlanRead plans the read of len(p) bytes at off into p, like ReadAt,
 // without waiting. Holes are zeroed in p at once. It returns false, with
@@ -121,7 +116,7 @@ var (
 // the handle is closed, or a write, punch or truncate holds part of the
 // range.
 func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.prepare(pl, p, off, planMode{maxIOs: maxIOs}) == nil
+	return h.planNoWait(pl, p, off, planMode{maxIOs: maxIOs})
 }
 
 // PlanWrite plans the write of len(p) bytes at off from p, like WriteAt,
@@ -132,7 +127,7 @@ func (h *Disk) PlanRead(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 // or the holes cannot be given blocks without waiting (a full store, whose
 // WriteAt commits to release freed blocks, or says ENOSPC).
 func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.prepare(pl, p, off, planMode{write: true, maxIOs: maxIOs}) == nil
+	return h.planNoWait(pl, p, off, planMode{write: true, maxIOs: maxIOs})
 }
 
 // PlanWriteSync plans a synchronous (O_DSYNC) write, like WriteAtSync,
@@ -144,18 +139,28 @@ func (h *Disk) PlanWrite(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
 // backend.AsyncSubmitter (RBD, whose durable writes with librbd's cache on
 // need a flush after them): WriteAtSync serves those.
 func (h *Disk) PlanWriteSync(pl *IOPlan, p []byte, off int64, maxIOs int) bool {
-	return h.prepare(pl, p, off, planMode{write: true, fua: true, maxIOs: maxIOs}) == nil
+	return h.planNoWait(pl, p, off, planMode{write: true, fua: true, maxIOs: maxIOs})
+}
+
+// planNoWait is PlanRead, PlanWrite and PlanWriteSync: prepare without
+// wait, a decline counted by its reason.
+func (h *Disk) planNoWait(pl *IOPlan, p []byte, off int64, m planMode) bool {
+	err := h.prepare(pl, p, off, m)
+	if err != nil {
+		h.d.s.stats.Declines[reasonOf(err)].Add(1)
+	}
+	return err == nil
 }
 
 // prepare makes pl the plan of len(p) bytes at off, per m. It returns
-// errDeclined for a plan m does not allow (only without wait), errEmpty
+// a decline (declined) for a plan m does not allow (only without wait), errEmpty
 // for len(p) == 0 (nothing held), io.EOF for a read at or past the end,
 // and the error of an invalid request or a failed read-modify-write or
 // allocation; on any error nothing is held.
 func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	d, s := h.d, h.d.s
 	if err := h.live(); err != nil {
-		return err
+		return m.decline(DeclineClosed, err)
 	}
 	if err := checkRange(off, int64(len(p))); err != nil {
 		return fmt.Errorf("disk %d %s: %w", d.id, opName(m.write), err)
@@ -167,10 +172,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 		size := d.attr.Size
 		d.mu.RUnlock()
 		if off >= size {
-			if !m.wait {
-				return errDeclined
-			}
-			return io.EOF
+			return m.decline(DeclineEnd, io.EOF)
 		}
 		n = min(n, size-off)
 	}
@@ -184,8 +186,11 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	async := !m.wait && !isSub && !m.fua && cq != nil && cq.s == s
 	uoff := uint64(off)
 	aligned := uoff%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
-	if !m.wait && (!isSub && !async || !aligned) {
-		return errDeclined // partial blocks: ReadAt's and WriteAt's business
+	if !m.wait && !isSub && !async {
+		return declined(DeclineBackend)
+	}
+	if !m.wait && !aligned {
+		return declined(DeclineUnaligned) // partial blocks: ReadAt's and WriteAt's business
 	}
 
 	first, count := coalesce.BlockRange(uoff, uint64(n), bs)
@@ -198,14 +203,14 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 		lr, held = d.ranges.tryLock(first, count, m.write)
 	}
 	if !held {
-		return errDeclined // PlanRead and PlanWrite never wait
+		return declined(DeclineBusy) // PlanRead and PlanWrite never wait
 	}
 	sc := getScratch()
 	*pl = IOPlan{IOs: sc.ios[:0], Completions: cq, write: m.write, be: s.be, sub: sub, async: async, p: p,
 		off: off, first: first, d: d, lr: lr, held: true, locked: m.locked, sc: sc}
 	if err := h.live(); err != nil {
 		pl.release()
-		return m.decline(err)
+		return m.decline(DeclineClosed, err)
 	}
 	if m.write {
 		err := s.writable()
@@ -214,7 +219,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 		}
 		if err != nil {
 			pl.release()
-			return m.decline(fmt.Errorf("disk %d write: %w", d.id, err))
+			return m.decline(DeclineReadOnly, fmt.Errorf("disk %d write: %w", d.id, err))
 		}
 	}
 	d.mu.RLock()
@@ -239,7 +244,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	d.mu.RUnlock()
 	if !m.wait && off+n > size { // a growing write, or a disk that shrank
 		pl.release()
-		return errDeclined // WriteAt's and ReadAt's business
+		return declined(DeclineEnd) // WriteAt's and ReadAt's business
 	}
 	// A synchronous overwrite in place needs nothing journalled when the
 	// mappings it writes through are durable: then the data only has to
@@ -249,7 +254,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	pl.Durable = m.fua && !holes && off+n <= size && s.mappingsDurable()
 	if m.fua && !m.wait && !pl.Durable {
 		pl.release()
-		return errDeclined // needs a commit: WriteAtSync's business
+		return declined(DeclineNeedsCommit) // WriteAtSync's business
 	}
 	c := s.stats.shard(sc)
 	countLookup(c, sc.segs)
@@ -287,14 +292,14 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 		// for a commit to free any: a full store's writes go to WriteAt.
 		if err := s.allocHoles(sc, nb, m.wait); err != nil {
 			pl.release()
-			return m.decline(fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err))
+			return m.decline(DeclineNoBlocks, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err))
 		}
 		segs = sc.out
 	}
 	sc.runs = coalesce.Runs(sc.runs[:0], segs, first, bs, maxRunBytes/bs)
 	if !m.wait && len(sc.runs) > m.maxIOs {
 		pl.release()
-		return errDeclined
+		return declined(DeclineTooManyIOs)
 	}
 	countCoalesce(c, segs, sc.runs)
 	if !m.write {
@@ -308,12 +313,13 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	return nil
 }
 
-// decline is err for a plan with wait, errDeclined for one without.
-func (m planMode) decline(err error) error {
+// decline is err for a plan with wait, the decline for reason r for one
+// without.
+func (m planMode) decline(r Decline, err error) error {
 	if m.wait {
 		return err
 	}
-	return errDeclined
+	return declined(r)
 }
 
 func opName(write bool) string {
@@ -323,23 +329,26 @@ func opName(write bool) string {
 	return "read"
 }
 
-// backendIO is the plan's i-th I/O as the backend takes it.
-func (pl *IOPlan) backendIO(i int) backend.IO {
+// BackendIO is the plan's i-th I/O as the backend takes it.
+func (pl *IOPlan) BackendIO(i int) backend.IO {
 	io := pl.IOs[i]
 	return backend.IO{Off: io.Off, Buf: io.Buf, Write: pl.write, Durable: pl.Durable}
 }
 
-// PrepareSQE fills sqe, a zeroed entry of the caller's io_uring, with the
-// plan's i-th I/O when the backend can take it there (backend.Submitter:
-// File and Device); the caller sets UserData and submits it. False: the
-// caller issues it with Do instead (or Start, for an Async plan). Only
-// between a successful Plan call and Finish or Abort.
-func (pl *IOPlan) PrepareSQE(sqe *iouring.SQE, i int) bool {
-	return pl.sub != nil && pl.sub.PrepareSQE(sqe, pl.backendIO(i))
+// Submitter is the store's backend when it can put the plan's I/O on the
+// caller's io_uring (backend.Submitter.PrepareSQE with BackendIO: File and
+// Device), else nil: the caller then issues each I/O with Do (or Start,
+// for an Async plan). Only between a successful Plan call and Finish or
+// Abort. The doors reach it through package door/storeplan.
+func (pl *IOPlan) Submitter() backend.Submitter {
+	if pl.async {
+		return nil
+	}
+	return pl.sub
 }
 
 // Async says the plan's I/O goes through Start, on the caller's
-// completion queue (Completions), and not through PrepareSQE or Do: the
+// completion queue (Completions), and not through Submitter or Do: the
 // backend is a backend.AsyncSubmitter, whose I/O waits for the network.
 func (pl *IOPlan) Async() bool { return pl.async }
 
@@ -353,18 +362,18 @@ func (pl *IOPlan) Start(i int, tag uint64) error {
 	if !pl.async {
 		return fmt.Errorf("image: Start of a plan that is not Async: %w", backend.ErrUnsupported)
 	}
-	return pl.Completions.cq.Start(pl.backendIO(i), tag)
+	return pl.Completions.cq.Start(pl.BackendIO(i), tag)
 }
 
-// Do performs the plan's i-th I/O synchronously through the backend. After
-// PrepareSQE said false it does not wait for a device (see
+// Do performs the plan's i-th I/O synchronously through the backend. When
+// Submitter is nil or its PrepareSQE said false it does not wait for a device (see
 // backend.Submitter), so a thread that must not block may call it. An
 // error means the plan must be aborted.
 func (pl *IOPlan) Do(i int) error {
 	if pl.sub != nil {
-		return pl.sub.Do(pl.backendIO(i))
+		return pl.sub.Do(pl.BackendIO(i))
 	}
-	return backend.Do(pl.be, pl.backendIO(i))
+	return backend.Do(pl.be, pl.BackendIO(i))
 }
 
 // run performs every I/O of the plan, in order, on the caller's goroutine

@@ -263,7 +263,7 @@ func TestPlanOnMemory(t *testing.T) {
 		t.Fatal("write on a Mem backend not planned")
 	}
 	var sqe iouring.SQE
-	if pl.PrepareSQE(&sqe, 0) || sqe != (iouring.SQE{}) {
+	if prepareSQE(&pl, &sqe, 0) || sqe != (iouring.SQE{}) {
 		t.Fatal("Mem prepared an io_uring entry")
 	}
 	for i := range pl.IOs {
@@ -315,7 +315,7 @@ func TestPlanOnMemory(t *testing.T) {
 	if !hf.PlanWriteSync(&pl, p, 0, 8) && !hf.PlanWrite(&pl, p, 0, 8) {
 		t.Fatal("write on a File backend not planned")
 	}
-	if !pl.PrepareSQE(&sqe, 0) || sqe.Opcode != iouring.OpWrite || sqe.Fd < 0 ||
+	if !prepareSQE(&pl, &sqe, 0) || sqe.Opcode != iouring.OpWrite || sqe.Fd < 0 ||
 		sqe.Off != uint64(pl.IOs[0].Off) || sqe.Len != uint32(len(pl.IOs[0].Buf)) ||
 		sqe.Addr != uint64(uintptr(unsafe.Pointer(&pl.IOs[0].Buf[0]))) {
 		t.Fatalf("File's entry for %d bytes at %d: %+v", len(pl.IOs[0].Buf), pl.IOs[0].Off, sqe)
@@ -463,7 +463,7 @@ func TestPlanAsync(t *testing.T) {
 			t.Fatalf("%s: the plan is not Async", what)
 		}
 		var sqe iouring.SQE
-		if pl.PrepareSQE(&sqe, 0) {
+		if prepareSQE(&pl, &sqe, 0) {
 			t.Fatalf("%s: an Async plan prepared an io_uring entry", what)
 		}
 		for i := range pl.IOs {
@@ -577,4 +577,52 @@ func reapAll(t *testing.T, cq *Completions, n int) map[uint64]int64 {
 		cq.Reap(func(tag uint64, r int64) { res[tag] = r })
 	}
 	return res
+}
+
+// prepareSQE puts the plan's i-th I/O on an io_uring entry as the doors do
+// (package door/storeplan).
+func prepareSQE(pl *IOPlan, sqe *iouring.SQE, i int) bool {
+	sub := pl.Submitter()
+	return sub != nil && sub.PrepareSQE(sqe, pl.BackendIO(i))
+}
+
+// A plan that is declined is counted by its reason, and the counts show in
+// the store's metrics (vdisk stats, vdiskfs_plan_declines_total).
+func TestPlanDeclinesCounted(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{})
+	h := mustCreate(t, ms.s, "a", 1<<20)
+	defer h.Close()
+	bs := int64(ms.s.BlockSize())
+	p := directio.AlignedBlock(int(2 * bs))
+	var pl IOPlan
+	if h.PlanRead(&pl, p[:bs/2], 0, 8) {
+		t.Fatal("planned an unaligned read")
+	}
+	if h.PlanWrite(&pl, p, 1<<20, 8) {
+		t.Fatal("planned a growing write")
+	}
+	if !h.PlanWrite(&pl, p, 0, 8) {
+		t.Fatal("write not planned")
+	}
+	var other IOPlan
+	if h.PlanRead(&other, p, 0, 8) {
+		t.Fatal("planned a read of a range a write holds")
+	}
+	pl.Abort()
+	got := ms.s.Metrics().Counters.PlanDeclines
+	want := map[string]uint64{"unaligned": 1, "end": 1, "busy": 1}
+	if len(got) != len(want) {
+		t.Fatalf("declines %v, want %v", got, want)
+	}
+	for r, n := range want {
+		if got[r] != n {
+			t.Errorf("declines %v, want %v", got, want)
+		}
+	}
+	if s := Decline(200).String(); s != "unknown" {
+		t.Errorf("an unknown reason reads %q", s)
+	}
+	if len(DeclineReasons()) != int(numDeclines) {
+		t.Errorf("DeclineReasons lists %d of %d", len(DeclineReasons()), numDeclines)
+	}
 }

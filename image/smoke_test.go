@@ -2,6 +2,7 @@ package image
 
 import (
 	"bytes"
+	"io"
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/image/backend"
@@ -30,13 +31,18 @@ func TestSmoke(t *testing.T) {
 	if err := d.Sync(); err != nil {
 		t.Fatal(err)
 	}
+	// The disk grew to the write's end: a read of more stops there.
 	got := make([]byte, len(data)+2000)
 	n, err := d.ReadAt(got, 0)
-	t.Logf("read %d %v size %d info %+v", n, err, d.Size(), d.Stat())
+	if n != 1000+len(data) || err != io.EOF || d.Size() != int64(1000+len(data)) {
+		t.Fatalf("read %d bytes (%v) of a disk of %d, want %d and io.EOF", n, err, d.Size(), 1000+len(data))
+	}
 	if !bytes.Equal(got[1000:1000+len(data)], data) || !bytes.Equal(got[:1000], make([]byte, 1000)) {
 		t.Fatal("mismatch")
 	}
-	d.Close()
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if rep := s.Check(); !rep.Clean() {
 		t.Fatal(rep.Findings)
 	}
@@ -47,11 +53,20 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, _ = s.OpenDisk("a.raw")
+	defer s.Close()
+	d, err = s.OpenDisk("a.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
 	got2 := make([]byte, len(data))
-	d.ReadAt(got2, 1000)
+	if n, err := d.ReadAt(got2, 1000); n != len(data) || err != nil {
+		t.Fatalf("read after reopen: %d bytes, %v", n, err)
+	}
 	if !bytes.Equal(got2, data) {
 		t.Fatal("mismatch after reopen")
 	}
-	t.Logf("counters %+v info %+v", s.Counters(), s.Info())
+	if rep := s.Check(); !rep.Clean() {
+		t.Fatal(rep.Findings)
+	}
 }

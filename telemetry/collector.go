@@ -55,13 +55,14 @@ var (
 	dDiskRequests    = desc("disk_requests_total", "Requests per disk.", "disk", "op")
 	dDiskBytes       = desc("disk_request_bytes_total", "Request bytes per disk.", "disk", "op")
 	dFUSELatency     = desc("fuse_request_latency_seconds", "Latency of FUSE requests by operation.", "op")
+	dPlanDeclines    = desc("plan_declines_total", "Requests a door's queue thread could not plan without waiting, by reason; they were served on the path that may block (image.Decline).", "reason")
 	dStoreFailed     = desc("store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.")
 )
 
 var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
 	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
 	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dPreparedBytes, dCommits, dUnflushed, dJournalBytes, dCommitLatency, dCheckpoints,
-	dCapacity, dFree, dLargestFree, dReserved, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dStoreFailed}
+	dCapacity, dFree, dLargestFree, dReserved, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dPlanDeclines, dStoreFailed}
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -134,6 +135,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(dDiskRequests, d.WriteRequests, d.Name, "write")
 		counter(dDiskBytes, d.ReadRequestBytes, d.Name, "read")
 		counter(dDiskBytes, d.WriteRequestBytes, d.Name, "write")
+	}
+	for _, r := range image.DeclineReasons() {
+		counter(dPlanDeclines, k.PlanDeclines[r], r)
 	}
 	for op, h := range c.src.OpMetrics() {
 		ch <- constHistogram(dFUSELatency, h, op)

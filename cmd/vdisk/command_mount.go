@@ -217,6 +217,11 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	if err != nil {
 		return usageErrorf("--fuse-transport: %v", err)
 	}
+	// The transport is settled once, here: the kernel made ready for it,
+	// then the store's engine and the mount both follow from it.
+	if err := fs.PrepareTransport(transport); err != nil {
+		return fmt.Errorf("--fuse-transport=%s: %w", transport, err)
+	}
 	engine = fs.StoreEngine(transport, engine)
 	topts := telemetry.Options{MetricsAddr: f.metricsAddr}
 	if f.socketGroup != "" {

@@ -91,6 +91,11 @@ func printStats(w io.Writer, st *telemetry.Stats) {
 	fmt.Fprintf(tw, "backend out\tprepare\t\t%s\t\t\n", formatSize(int64(c.PreparedBytes)))
 	fmt.Fprintf(tw, "backend out\tmetadata\t%d\t%s\t\t\n", c.MetaWrites, formatSize(int64(c.MetaWriteBytes)))
 	fmt.Fprintf(tw, "backend out\terrors\t%d\t\t\t\n", c.Errors)
+	for _, r := range image.DeclineReasons() {
+		if n := c.PlanDeclines[r]; n > 0 {
+			fmt.Fprintf(tw, "queue threads\tdeclined: %s\t%d\t\t\t\n", r, n)
+		}
+	}
 	fmt.Fprintf(tw, "journal\tcommits\t%d\t%s\t\t%s\n", c.Commits, formatSize(int64(c.JournalBytes)), ms(h["journal_commit_latency_seconds"]))
 	fmt.Fprintf(tw, "journal\tcheckpoints\t%d\t\t\t\n", c.Checkpoints)
 	tw.Flush()

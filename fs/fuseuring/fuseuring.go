@@ -26,14 +26,14 @@
 // the range free, blocks for any holes at hand) the owner serves itself: it
 // submits their backing I/O on the same ring, straight into or out of the
 // entry's payload buffer, and when that completes it queues the reply. The
-// backend prepares each ring entry (backend.Submitter.PrepareSQE; the
-// backing's descriptor stays inside package backend); a backend without a
+// store prepares each ring entry (door.Plan.PrepareSQE; the backing's
+// descriptor stays inside the store's backend); a backend without a
 // ring (the memory and crash backends of tests) performs the I/O at once
 // on the owner instead (Do), and the reply is queued right away.
 //
 // A backend whose I/O waits for the network (RBD: backend.AsyncSubmitter)
-// gives each queue a completion queue of its own (image.Completions): the
-// owner starts the request's I/O there without waiting (IOPlan.Start, an
+// gives each queue a completion queue of its own (door.Completions): the
+// owner starts the request's I/O there without waiting (Plan.Start, an
 // rbd_aio_* call), librbd's completion callback (pure C) queues the
 // result and writes the completion queue's eventfd, and the owner keeps a
 // read of that eventfd armed in its ring (reapTag) beside the wake read:
@@ -98,7 +98,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/door"
 	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
 
@@ -189,24 +189,24 @@ type Options struct {
 }
 
 // IOServer lets a queue's owner serve READ and WRITE requests without a
-// worker: the request is mapped to I/O on the store's backing, which the
-// owner submits through the backend's seam (image.IOPlan.PrepareSQE) on its
-// own ring, together with the replies, or starts on its own completion
-// queue (image.IOPlan.Start, reaped when the queue's eventfd read on the
-// ring completes), or, on a memory backend, has the backend perform at
-// once (image.IOPlan.Do), so the commonest requests cost no goroutine
-// hand-off and no thread blocked in pread or pwrite. Requests it declines,
+// worker: the request is mapped to a door.Plan, I/O on the store's
+// backing, which the owner puts on its own ring together with the replies
+// (Plan.PrepareSQE), or starts on its own completion queue (Plan.Start,
+// reaped when the queue's eventfd read on the ring completes), or, on a
+// memory backend, has the backend perform at once (Plan.Do), so the
+// commonest requests cost no goroutine hand-off and no thread blocked in
+// pread or pwrite (package door describes the seam). Requests it declines,
 // and requests whose backing I/O fails or comes back short, go to a worker
 // as usual.
 type IOServer interface {
 	// NewCompletions returns the completion queue of one queue's owner
-	// on the store's backend (image.Store.NewCompletions), or nil when
-	// the backend needs none. The owner closes it when it exits.
-	NewCompletions() (*image.Completions, error)
+	// on the store's backend, or nil when the backend needs none. The
+	// owner closes it when it exits.
+	NewCompletions() (door.Completions, error)
 	// NewIO returns the state one entry reuses for its requests; only the
 	// queue's owner uses it. cq is the queue's completion queue (or nil),
 	// on which the entry's plans start their I/O when they are Async.
-	NewIO(cq *image.Completions) IO
+	NewIO(cq door.Completions) IO
 }
 
 // IO is one entry's READ or WRITE on the owner thread. Start must not
@@ -221,7 +221,7 @@ type IO interface {
 	// Plan is the started request: the I/O to issue through the backend
 	// (Start when it is Async, else PrepareSQE, else Do), and the reply's
 	// byte count once all of it has transferred in full.
-	Plan() *image.IOPlan
+	Plan() door.Plan
 	// End ends a started request; ok says whether every I/O completed in
 	// full (false: a worker serves the request again).
 	End(ok bool)
@@ -394,7 +394,7 @@ type queue struct {
 	// cq is the completion queue of the I/O the owner starts on an
 	// AsyncSubmitter backend (nil for others): only the owner uses it,
 	// and closes it when it exits.
-	cq        *image.Completions
+	cq        door.Completions
 	reapArmed bool // a read of cq's eventfd is in the ring
 }
 
@@ -704,7 +704,7 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 	// for), and a request done that way is replied to at once.
 	e.ioPending, e.ioFailed = 0, false
 	queued := false
-	for i := range plan.IOs {
+	for i := range plan.IOs() {
 		tag := ioTag | uint64(e.idx)<<16 | uint64(i)
 		q.sqe = iouring.SQE{}
 		switch {
@@ -746,7 +746,7 @@ func (q *queue) asyncDone(tag uint64, res int64) { q.ioDone(tag, res) }
 func (q *queue) ioDone(tag uint64, res int64) {
 	e := &q.ents[(tag&^ioTag)>>16]
 	plan := e.io.Plan()
-	if res < 0 || res != int64(len(plan.IOs[tag&0xffff].Buf)) {
+	if res < 0 || res != int64(plan.IOLen(int(tag&0xffff))) {
 		e.ioFailed = true // the worker's ReadAt or WriteAt retries and reports
 	}
 	if e.ioPending--; e.ioPending > 0 {
@@ -765,7 +765,7 @@ func (q *queue) endIO(e *entry) {
 		q.toWorker(e)
 		return
 	}
-	n := e.io.Plan().N
+	n := e.io.Plan().Bytes()
 	e.io.End(true)
 	hdr := e.hdr
 	in := (*fuse.InHeader)(unsafe.Pointer(&hdr[0]))

@@ -1,6 +1,6 @@
-// Package testutil holds what the mount-level test suites share: the rule
-// for tests that need FUSE (skip outside CI, fail in CI), the same rule for
-// tests that need a Ceph cluster, and building the vdisk binary once per
+// Package testutil holds what the test suites share: the rule for tests
+// whose prerequisite is missing (Missing: skip outside CI, fail in CI), for
+// FUSE and a Ceph cluster in particular, and building the vdisk binary once per
 // test process for tests that need a real daemon.
 package testutil
 
@@ -13,24 +13,29 @@ import (
 	"testing"
 )
 
+// Missing is the one rule for a test whose prerequisite (FUSE, a tool, a
+// kernel feature) this machine lacks: it skips the test, and fails it
+// instead when CI=true, where everything the suite needs is installed
+// (tools/test.sh) and a skip would hide a test that never ran.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	why := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true, and this test's prerequisite is missing: %s", why)
+	}
+	t.Skipf("prerequisite missing: %s", why)
+}
+
 // RequireFUSE skips the test when this process cannot serve FUSE (not
 // root, or no /dev/fuse) and fails it instead when CI=true, where mounts
-// must run for real.
+// must run for real (Missing).
 func RequireFUSE(t testing.TB) {
 	t.Helper()
-	why := ""
 	if os.Geteuid() != 0 {
-		why = "not root"
+		Missing(t, "this test mounts and needs root")
 	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
+		Missing(t, "this test mounts and needs /dev/fuse: %v", err)
 	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("this test mounts and needs root and /dev/fuse in CI: %s", why)
-	}
-	t.Skipf("this test mounts and needs root and /dev/fuse: %s", why)
 }
 
 // RequireCeph returns the pool the RBD tests (build tag rbd) make their
@@ -41,10 +46,7 @@ func RequireFUSE(t testing.TB) {
 func RequireCeph(t testing.TB) string {
 	t.Helper()
 	if os.Getenv("CEPH_CONF") == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CEPH_CONF is not set: in CI the RBD tests run against the cluster tools/test.sh starts (tools/ceph/cluster.sh)")
-		}
-		t.Skip("no Ceph cluster: eval \"$(tools/ceph/cluster.sh start)\" sets CEPH_CONF")
+		Missing(t, "no Ceph cluster: CEPH_CONF is not set (eval \"$(tools/ceph/cluster.sh start)\" sets it; in CI tools/test.sh starts one)")
 	}
 	if pool := os.Getenv("VDISKFS_TEST_RBD_POOL"); pool != "" {
 		return pool

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -119,13 +120,16 @@ func TestBenchRounds(t *testing.T) {
 	}
 }
 
-// A cancelled bench stops at once and says so.
+// A cancelled bench stops at once and says so: no target is reset, fio
+// never runs, no run is reported.
 func TestBenchCancelled(t *testing.T) {
 	dir := t.TempDir()
-	bin, _ := fakeFio(t, dir)
+	bin, fioLog := fakeFio(t, dir)
 	var events []string
 	file := filepath.Join(dir, "f")
-	os.WriteFile(file, nil, 0o600)
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	b := &bench{
 		cfg:     benchConfig{Rounds: 1, Jobs: []fio.Job{{Name: "seq", Text: "[seq]\n"}}},
 		targets: []target{&fakeTarget{name: "A", file: file, log: &events}},
@@ -133,7 +137,14 @@ func TestBenchCancelled(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := b.run(ctx); err != context.Canceled {
-		t.Errorf("err = %v", err)
+	runs, err := b.run(ctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+	if len(runs) != 0 || len(events) != 0 {
+		t.Errorf("a cancelled bench reported %d runs and did %v", len(runs), events)
+	}
+	if raw, err := os.ReadFile(fioLog); err == nil && len(raw) != 0 {
+		t.Errorf("fio ran after the cancel: %s", raw)
 	}
 }

@@ -9,25 +9,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // needMounts skips (fails in CI) a test that needs root, /dev/fuse and fio;
 // as root it installs a missing fio with apt-get, as tools/test.sh does.
 func needMounts(t *testing.T) {
 	t.Helper()
-	missing := func(why string) {
-		t.Helper()
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI: %s", why)
-		}
-		t.Skip(why)
-	}
-	if os.Geteuid() != 0 {
-		missing("needs root for FUSE mounts")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		missing("needs /dev/fuse")
-	}
+	testutil.RequireFUSE(t)
 	if _, err := exec.LookPath("fio"); err != nil {
 		cmd := exec.Command("apt-get", "install", "-y", "-qq", "fio")
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
@@ -35,7 +25,7 @@ func needMounts(t *testing.T) {
 			t.Logf("apt-get install fio: %v: %s", err, out)
 		}
 		if _, err := exec.LookPath("fio"); err != nil {
-			missing("needs fio (apt-get install fio)")
+			testutil.Missing(t, "needs fio (apt-get install fio)")
 		}
 	}
 }

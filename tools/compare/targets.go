@@ -171,6 +171,9 @@ func newVdiskfsLocal(storePath, mnt string, size int64, ownStore bool, commitInt
 	} else if err != nil {
 		return nil, err
 	}
+	if err := vfs.PrepareTransport(transport); err != nil {
+		return nil, fmt.Errorf("FUSE transport %s: %w", transport, err)
+	}
 	engine = vfs.StoreEngine(transport, engine)
 	store, err := image.OpenPath(storePath, image.Options{Logger: log, Program: "vdiskfs compare", CommitInterval: commitInterval, IOEngine: engine})
 	if err != nil {

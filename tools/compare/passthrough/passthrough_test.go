@@ -9,16 +9,13 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 func mountTest(t *testing.T, size int64) (*Server, string) {
 	t.Helper()
-	if os.Geteuid() != 0 || func() bool { _, err := os.Stat("/dev/fuse"); return err != nil }() {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI: needs root and /dev/fuse")
-		}
-		t.Skip("needs root and /dev/fuse")
-	}
+	testutil.RequireFUSE(t)
 	dir := t.TempDir()
 	backing := filepath.Join(dir, "backing.img")
 	if err := os.WriteFile(backing, nil, 0o600); err != nil {

@@ -1,0 +1,71 @@
+// Package door is the seam between the store and a door: a transport whose
+// own threads carry disk reads and writes without blocking (the
+// FUSE-over-io_uring queues of package fs/fuseuring today; the vhost-user
+// queues next). A door knows its requests and its ring; the store knows
+// maps and backings; neither imports the other. A door depends on the two
+// interfaces here, and an adapter (package door/storeplan) provides them
+// from package image.
+//
+// # A request's life
+//
+// The door maps a request to a Plan (how depends on the door: a FUSE node
+// and offset, a virtio-blk sector), then issues each of the plan's
+// backing I/Os in one of three ways, and ends the request once all have
+// completed:
+//
+//   - Async: Start it on the loop's own Completions (a network backend,
+//     RBD), and reap its completion when Completions.Fd is readable;
+//   - else PrepareSQE: put it on the door's own io_uring (a file or block
+//     device backing), with a tag in UserData;
+//   - else Do: the backend performs it at once without waiting for a
+//     device (memory and crash-test backends).
+//
+// A completion whose result is not IOLen(i) is a failure; the door then
+// ends the request as failed and serves it again on a path that may block,
+// which reports the error.
+//
+// # Concurrency
+//
+// A Plan and a Completions belong to one submission loop (a queue's owner
+// thread): none of their methods may be called from two goroutines at
+// once, and none of them blocks.
+package door
+
+import "github.com/vdiskfs/vdiskfs/internal/iouring"
+
+// A Plan is one planned request: the backing I/Os to issue, valid from a
+// successful plan until the request ends.
+type Plan interface {
+	// IOs is how many backing I/Os the plan has (0: nothing to issue,
+	// as for a read of holes only).
+	IOs() int
+	// IOLen is the byte count of the i-th I/O: its completion must
+	// transfer exactly that many.
+	IOLen(i int) int
+	// Async says every I/O goes through Start on the loop's Completions.
+	Async() bool
+	// Start starts the i-th I/O on the loop's Completions; its completion
+	// is reaped with tag. An error is an I/O that did not start.
+	Start(i int, tag uint64) error
+	// PrepareSQE fills sqe, a zeroed entry of the door's ring, with the
+	// i-th I/O; the door sets UserData and submits it. False: use Do.
+	PrepareSQE(sqe *iouring.SQE, i int) bool
+	// Do performs the i-th I/O at once, without waiting for a device.
+	Do(i int) error
+	// Bytes is what the request covers once every I/O has transferred
+	// in full: the byte count of its reply.
+	Bytes() int
+}
+
+// Completions is one submission loop's completion queue on a backend
+// whose I/O the loop starts itself (Plan.Async).
+type Completions interface {
+	// Fd is an eventfd, readable once a completion waits: read it, then
+	// Reap.
+	Fd() int
+	// Reap calls fn with the tag and result (bytes, or -errno) of every
+	// completion waiting, oldest first, and returns how many.
+	Reap(fn func(tag uint64, res int64)) int
+	// Close frees the queue once every I/O started on it was reaped.
+	Close() error
+}
