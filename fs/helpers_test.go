@@ -36,7 +36,6 @@ type testCase struct {
 	memBE     memBackend          // the store's backing instead of a file (withMemBackend)
 	formatOpt image.FormatOptions // how the store is formatted
 	formatOps int                 // for a Crash memBE: its op count when Format returned
-	notStrict bool                // withoutStrict
 	store     *image.Store
 	srv       *Server
 }
@@ -45,12 +44,8 @@ type tcOption func(*testCase)
 
 // withStoreOptions opens the store with o (CommitInterval -1 keeps the
 // background commit from running behind a test's back). Strict is on
-// whatever o says, unless withoutStrict.
+// whatever o says.
 func withStoreOptions(o image.Options) tcOption { return func(tc *testCase) { tc.storeOpts = o } }
-
-// withoutStrict opens the store without Check after every commit, for a
-// test that means to leave the store inconsistent between commits.
-func withoutStrict() tcOption { return func(tc *testCase) { tc.notStrict = true } }
 
 // withBackend opens the store on wrap(the file backend), for tests that
 // watch or slow down backend I/O.
@@ -127,7 +122,7 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 	// Every mounted test checks the whole store after every commit
 	// (Options.Strict), so a test finds a broken invariant where it
 	// happens, not only in the final fsck.
-	tc.storeOpts.Strict = !tc.notStrict
+	tc.storeOpts.Strict = true
 	if tc.storeOpts.Logger == nil {
 		tc.storeOpts.Logger = testLogger
 	}
