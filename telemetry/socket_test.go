@@ -23,6 +23,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
@@ -89,14 +90,7 @@ func peerBinary(t *testing.T) string {
 	if os.Geteuid() != 0 {
 		t.Skip("running a peer as another user needs root")
 	}
-	dir, err := os.MkdirTemp("", "vdiskfs-peer-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := testutil.SharedTempDir(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -173,11 +167,7 @@ func withUmask(t *testing.T, mask int) {
 // the peer check keep them out.
 func openDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "vdiskfs-sock-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testutil.SharedTempDir(t)
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}

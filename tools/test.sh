@@ -43,6 +43,9 @@ fi
 # loop-device backing file) lives under one directory of this run, so what
 # the tests leave behind can be told from anything else on the machine.
 run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/vdiskfs-test.XXXXXX")
+# Others may enter it (not list or write it): tests that run a client as
+# another user reach their mounts and binaries below it.
+chmod 0711 "$run_tmp"
 export TMPDIR=$run_tmp
 list_mounts() { awk -v p="$run_tmp/" 'index($2, p) == 1 {print $2}' /proc/mounts; }
 list_loops() { if command -v losetup >/dev/null; then losetup -a | grep -F "$run_tmp/" || true; fi; }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vdiskfs/vdiskfs/telemetry"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // -o socket_group=GROUP (and --socket-group) gives the mount's control
@@ -68,14 +69,7 @@ func TestSocketOtherUserOfMount(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to run vdisk as another user")
 	}
-	open, err := os.MkdirTemp("", "vdiskfs-socket-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(open) })
-	if err := os.Chmod(open, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	open := testutil.SharedTempDir(t)
 	data, err := os.ReadFile(vdiskBinary(t))
 	if err != nil {
 		t.Fatal(err)

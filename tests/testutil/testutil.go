@@ -89,3 +89,31 @@ func VdiskBinary(t testing.TB, race bool) string {
 	built[race] = bin
 	return bin
 }
+
+// SharedTempDir makes a directory, removed at the test's end, that every
+// user may enter (0755), for a test that runs a program as another user:
+// under os.TempDir() when every directory above it lets others in (as
+// tools/test.sh arranges), else under /tmp.
+func SharedTempDir(t testing.TB) string {
+	t.Helper()
+	parent := os.TempDir()
+	for d := parent; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil || st.Mode().Perm()&0o001 == 0 {
+			parent = "/tmp"
+			break
+		}
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
+	dir, err := os.MkdirTemp(parent, "vdiskfs-shared-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
