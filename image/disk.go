@@ -86,12 +86,7 @@ func (h *Disk) Close() error {
 		return ErrClosed
 	}
 	d, s := h.d, h.d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lockAll(d)()
 	d.opens--
 	if d.opens == 0 && d.orphan && !d.deleted && s.usableLockedMu() == nil {
 		s.deleteDiskLockedMu(d)

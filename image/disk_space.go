@@ -153,27 +153,18 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 // unmapLockedRange frees virtual blocks [v, v+n) and journals it. Caller
 // holds an exclusive range lock over them.
 func (d *disk) unmapLockedRange(v, n uint64) {
-	s := d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	before := d.m.Len()
-	freed := d.m.Punch(v, n, nil)
-	if len(freed) == 0 {
-		return
-	}
-	if d.m.Len() == 0 {
-		d.forgetLayouts() // the next first write chooses afresh
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if d.m.Len() == 0 {
-		s.releaseUnitsLockedMu(d, 0) // they follow the layout just forgotten
-	}
-	s.mu.extents += d.m.Len() - before
-	s.appendLockedMu(record{Type: recPunch, ID: d.id, Virt: v, Len: n})
-	s.quarantineLockedMu(freed)
+	d.changeMap(nil, func() (mapChange, error) {
+		freed := d.m.Punch(v, n, nil)
+		if len(freed) == 0 {
+			return mapChange{}, nil
+		}
+		c := mapChange{recs: []record{{Type: recPunch, ID: d.id, Virt: v, Len: n}}, freed: freed}
+		if d.m.Len() == 0 {
+			d.forgetLayouts()     // the next first write chooses afresh
+			c.releaseUnits = true // they follow the layout just forgotten
+		}
+		return c, nil
+	})
 }
 
 // setSizeLockedRange sets the size and journals it; a shrink unmaps every
@@ -181,29 +172,23 @@ func (d *disk) unmapLockedRange(v, n uint64) {
 // size on.
 func (d *disk) setSizeLockedRange(size int64) {
 	s := d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	before := d.m.Len()
-	keep := coalesce.RoundUp(uint64(size), s.bs) / s.bs
-	freed := d.m.Punch(keep, ^uint64(0)-keep, nil)
-	if d.m.Len() == 0 {
-		d.forgetLayouts() // the next first write chooses afresh
-	}
-	d.attr.Size = size
-	d.attr.Ctime = time.Now().UnixNano()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case d.m.Len() == 0:
-		s.releaseUnitsLockedMu(d, 0) // they follow the layout just forgotten
-	case s.unitBlocks != 0:
-		s.releaseUnitsLockedMu(d, (keep+s.unitBlocks-1)/s.unitBlocks) // past the end
-	}
-	s.mu.extents += d.m.Len() - before
-	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
-	s.quarantineLockedMu(freed)
+	d.changeMap(nil, func() (mapChange, error) {
+		keep := coalesce.RoundUp(uint64(size), s.bs) / s.bs
+		c := mapChange{
+			recs:  []record{{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}}},
+			freed: d.m.Punch(keep, ^uint64(0)-keep, nil),
+		}
+		d.attr.Size = size
+		d.attr.Ctime = time.Now().UnixNano()
+		switch {
+		case d.m.Len() == 0:
+			d.forgetLayouts()     // the next first write chooses afresh
+			c.releaseUnits = true // they follow the layout just forgotten
+		case s.unitBlocks != 0:
+			c.releaseUnits, c.unitsFrom = true, (keep+s.unitBlocks-1)/s.unitBlocks // past the end
+		}
+		return c, nil
+	})
 }
 
 // growSizeLockedRange raises the size to size and journals it; it never
@@ -212,19 +197,14 @@ func (d *disk) setSizeLockedRange(size int64) {
 // the disk further meanwhile: that size, and the write's blocks, stay.
 // Caller holds an exclusive range lock over its own range.
 func (d *disk) growSizeLockedRange(size int64) {
-	s := d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if size <= d.attr.Size {
-		return
-	}
-	d.attr.Size = size
-	d.attr.Ctime = time.Now().UnixNano()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
+	d.changeMap(nil, func() (mapChange, error) {
+		if size <= d.attr.Size {
+			return mapChange{}, nil
+		}
+		d.attr.Size = size
+		d.attr.Ctime = time.Now().UnixNano()
+		return mapChange{recs: []record{{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}}}}, nil
+	})
 }
 
 // Truncate sets the disk's size. Shrinking frees every block past the new
