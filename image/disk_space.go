@@ -12,50 +12,46 @@ import (
 // v.
 func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 	s := d.s
+	off := int64(v * s.bs)
 	d.mu.RLock()
-	segs := d.m.Lookup(nil, v, 1)
+	hole := d.m.Lookup(nil, v, 1)[0].Hole
+	n := min(int64(s.bs), d.attr.Size-off) // only up to the size: the write must not grow the disk
 	d.mu.RUnlock()
-	if segs[0].Hole {
-		return nil
+	if hole || n <= 0 {
+		return nil // nothing there to keep
 	}
 	buf := s.pool.Get(int(s.bs))
 	defer s.pool.Put(buf)
-	sc := getScratch()
-	defer putScratch(sc)
-	c := s.stats.shard(sc)
-	if err := s.readData(c, buf, segs[0].Phys); err != nil {
+	// A read and a write planned like any other (the write gives a shared
+	// block a new one, as every write does).
+	if err := d.runLockedRange(buf[:n], off, false); err != nil {
 		return err
 	}
 	fn(buf)
-	if d.mayShare.Load() {
-		// The block may be shared, and a shared block is written around:
-		// the planner gives it a new one. Only up to the size, so that
-		// the write does not grow the disk.
-		d.mu.RLock()
-		n := min(int64(s.bs), d.attr.Size-int64(v*s.bs))
-		d.mu.RUnlock()
-		if n <= 0 {
-			return nil // past the size: nothing there to keep
-		}
-		var pl IOPlan
-		h := &Disk{d: d} // an internal handle, never closed
-		if err := h.prepare(&pl, buf[:n], int64(v*s.bs), planMode{write: true, wait: true, locked: true}); err != nil {
-			return err
-		}
-		if err := pl.run(); err != nil {
-			pl.Abort()
-			return err
-		}
-		pl.Finish()
-	} else if err := s.writeData(c, buf, segs[0].Phys, false); err != nil {
+	if err := d.runLockedRange(buf[:n], off, true); err != nil {
 		return err
 	}
-	s.writeGen.Add(1)
 	// The caller's size or punch record relies on this write: the commit
 	// that makes the record durable must flush it first.
 	s.mu.Lock()
 	s.mu.pend.dataFirst()
 	s.mu.Unlock()
+	return nil
+}
+
+// runLockedRange reads len(p) bytes at off into p, or writes p there, through
+// a plan the store makes for itself (no handle). Caller holds an exclusive
+// range lock over the range.
+func (d *disk) runLockedRange(p []byte, off int64, write bool) error {
+	var pl IOPlan
+	if err := d.prepare(&pl, p, off, planMode{write: write, wait: true, locked: true}, nil); err != nil {
+		return err
+	}
+	if err := pl.run(); err != nil {
+		pl.Abort()
+		return err
+	}
+	pl.Finish()
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/vdiskfs/vdiskfs/coalesce"
@@ -159,8 +160,21 @@ func (h *Disk) planNoWait(pl *IOPlan, p []byte, off int64, m planMode) bool {
 // and the error of an invalid request or a failed read-modify-write or
 // allocation; on any error nothing is held.
 func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
-	d, s := h.d, h.d.s
-	if err := h.live(); err != nil {
+	return h.d.prepare(pl, p, off, m, &h.closed)
+}
+
+// prepare is Disk.prepare for a handle whose closed flag is closed, or,
+// with closed nil, for the store's own I/O on a disk (a punch's
+// read-modify-write), which holds no handle.
+func (d *disk) prepare(pl *IOPlan, p []byte, off int64, m planMode, closed *atomic.Bool) error {
+	s := d.s
+	live := func() error {
+		if closed != nil && closed.Load() {
+			return ErrClosed
+		}
+		return nil
+	}
+	if err := live(); err != nil {
 		return m.decline(DeclineClosed, err)
 	}
 	if err := checkRange(off, int64(len(p))); err != nil {
@@ -209,7 +223,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	sc := getScratch()
 	*pl = IOPlan{IOs: sc.ios[:0], Completions: cq, write: m.write, be: s.be, sub: sub, async: async, p: p,
 		off: off, first: first, d: d, lr: lr, held: true, locked: m.locked, sc: sc}
-	if err := h.live(); err != nil {
+	if err := live(); err != nil {
 		pl.release()
 		return m.decline(DeclineClosed, err)
 	}
