@@ -56,13 +56,11 @@ func (s *Store) Create(name string, size int64, a Attr) (DiskInfo, error) {
 	}
 	now := time.Now().UnixNano()
 	attr := diskAttr{Size: size, Mode: a.Mode, UID: a.UID, GID: a.GID, Atime: nanos(a.Atime, now), Mtime: nanos(a.Mtime, now), Ctime: now}
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLockedMu(); err != nil {
+	unlock, err := s.lockCatalog(nil)
+	if err != nil {
 		return DiskInfo{}, fmt.Errorf("create disk %q: %w", name, err)
 	}
+	defer unlock()
 	if _, ok := s.mu.names[name]; ok {
 		return DiskInfo{}, fmt.Errorf("create disk %q: %w", name, ErrExist)
 	}

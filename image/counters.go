@@ -70,9 +70,9 @@ type Shard struct {
 	CoalescePieces, CoalesceRuns atomic.Uint64
 
 	// Backend data I/O, by size in bytes and by latency in nanoseconds:
-	// each I/O once, timed from its plan's submission to the plan's
-	// completion (IOPlan.Finish), so the I/Os of one plan, issued
-	// together on a ring or one after another by ReadAt, share one time.
+	// each I/O once. An I/O run by ReadAt or WriteAt is timed on its own;
+	// the I/Os of a plan a door issues together on its ring are timed
+	// from the plan's submission to its completion (IOPlan.Finish).
 	DataReadSize, DataWriteSize       Histogram
 	DataReadLatency, DataWriteLatency Histogram
 	// DurableWrites are the data writes made durable on their own (FUA),

@@ -380,34 +380,23 @@ func forParts(exts []pext, at, n uint64, fn func(off, phys, count uint64) error)
 // mutation, and quarantines the blocks src was on. Caller holds an
 // exclusive range lock over src.
 func (d *disk) remapLockedRange(src []blockmap.Segment, dst []pext) {
-	s := d.s
 	exts := zipExtents(src, dst)
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	before := d.m.Len()
-	var freed []blockmap.Extent
-	recs := make([]record, 0, len(exts))
-	for _, e := range exts {
-		freed = d.m.Insert(e, freed)
-		recs = append(recs, record{Type: recMap, ID: d.id, Virt: e.Virt, Phys: e.Phys, Len: e.Len})
-	}
-	var old uint64
-	for _, f := range freed {
-		old += f.Len
-	}
-	if n := blocksOf(dst); old != n {
-		panic(fmt.Sprintf("image: disk %d: defrag moved %d blocks but replaced %d while holding their range lock", d.id, n, old))
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.mu.extents += d.m.Len() - before
-	for _, e := range dst {
-		delete(s.mu.inflight, e.Start)
-	}
-	s.appendLockedMu(recs...)
-	s.quarantineLockedMu(freed)
+	d.changeMap(nil, func() (mapChange, error) {
+		var freed []blockmap.Extent
+		recs := make([]record, 0, len(exts))
+		for _, e := range exts {
+			freed = d.m.Insert(e, freed)
+			recs = append(recs, record{Type: recMap, ID: d.id, Virt: e.Virt, Phys: e.Phys, Len: e.Len})
+		}
+		var old uint64
+		for _, f := range freed {
+			old += f.Len
+		}
+		if n := blocksOf(dst); old != n {
+			panic(fmt.Sprintf("image: disk %d: defrag moved %d blocks but replaced %d while holding their range lock", d.id, n, old))
+		}
+		return mapChange{recs: recs, freed: freed, mapped: dst}, nil
+	})
 }
 
 // zipExtents pairs the data segments src, laid end to end, with the blocks

@@ -217,13 +217,11 @@ func (s *Store) CreateHidden(size int64, a Attr) (*Disk, error) {
 	}
 	now := time.Now().UnixNano()
 	attr := diskAttr{Size: size, Mode: a.Mode, UID: a.UID, GID: a.GID, Atime: nanos(a.Atime, now), Mtime: nanos(a.Mtime, now), Ctime: now}
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLockedMu(); err != nil {
+	unlock, err := s.lockCatalog(nil)
+	if err != nil {
 		return nil, fmt.Errorf("create hidden disk: %w", err)
 	}
+	defer unlock()
 	id := s.mu.nextID
 	s.mu.nextID++
 	name := fmt.Sprintf(".hidden-%d", id) // journalled, never visible
@@ -256,15 +254,11 @@ func (h *Disk) Publish(name string, snapshot bool, uuid [16]byte) error {
 			}
 		}
 	}
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLockedMu(); err != nil {
+	unlock, err := s.lockCatalog(d)
+	if err != nil {
 		return fmt.Errorf("publish disk %q: %w", name, err)
 	}
+	defer unlock()
 	if !d.orphan || d.deleted {
 		return fmt.Errorf("publish disk %q: disk %d is not hidden: %w", name, d.id, ErrInvalid)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
@@ -86,12 +87,7 @@ func (h *Disk) Close() error {
 		return ErrClosed
 	}
 	d, s := h.d, h.d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lockAll(d)()
 	d.opens--
 	if d.opens == 0 && d.orphan && !d.deleted && s.usableLockedMu() == nil {
 		s.deleteDiskLockedMu(d)
@@ -118,6 +114,7 @@ type scratch struct {
 	allocs []pext
 	freed  []blockmap.Extent
 	ios    []BackingIO        // an IOPlan's, while it is held
+	lat    []time.Duration    // each of an IOPlan's I/Os' own latency, when run one after another (IOPlan.run)
 	cow    []blockmap.Segment // a write's segments with its shared pieces as holes (Store.cowLockedMu)
 	cowed  bool               // the write gives shared blocks new ones: publishing unmaps them
 	shard  uint32             // the counter shard this scratch's requests count into

@@ -74,15 +74,11 @@ func (h *Disk) SetAttr(c AttrChange) error {
 		return err
 	}
 	d, s := h.d, h.d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLockedMu(); err != nil {
+	unlock, err := s.lockCatalog(d)
+	if err != nil {
 		return fmt.Errorf("disk %d setattr: %w", d.id, err)
 	}
+	defer unlock()
 	if c.Mode != nil {
 		d.attr.Mode = *c.Mode
 	}

@@ -454,39 +454,29 @@ func (s *Store) mappingsDurable() bool {
 // the blocks allocHoles gave it and grows the disk to end, with their
 // records. Caller holds the write's range lock.
 func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
-	s := d.s
 	if len(sc.allocs) == 0 && !d.grows(end) {
 		return
 	}
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	before := d.m.Len()
-	var recs []record
-	sc.unmapped = sc.unmapped[:0] // shared blocks this write gave new ones
-	for _, sg := range sc.out {
-		if isAllocated(sg, sc.allocs) {
-			sc.freed = d.m.Insert(blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}, sc.freed[:0])
-			if len(sc.freed) != 0 && !sc.cowed {
-				panic(fmt.Sprintf("image: disk %d: write mapped over %v while holding its range lock", d.id, sc.freed))
+	d.changeMap(nil, func() (mapChange, error) {
+		var recs []record
+		sc.unmapped = sc.unmapped[:0] // shared blocks this write gave new ones
+		for _, sg := range sc.out {
+			if isAllocated(sg, sc.allocs) {
+				sc.freed = d.m.Insert(blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}, sc.freed[:0])
+				if len(sc.freed) != 0 && !sc.cowed {
+					panic(fmt.Sprintf("image: disk %d: write mapped over %v while holding its range lock", d.id, sc.freed))
+				}
+				sc.unmapped = append(sc.unmapped, sc.freed...)
+				recs = append(recs, record{Type: recMap, ID: d.id, Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len})
 			}
-			sc.unmapped = append(sc.unmapped, sc.freed...)
-			recs = append(recs, record{Type: recMap, ID: d.id, Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len})
 		}
-	}
-	if end > d.attr.Size {
-		d.attr.Size = end
-		recs = append(recs, record{Type: recSize, ID: d.id, Attr: diskAttr{Size: end}})
-	}
-	s.mu.Lock()
-	s.mu.extents += d.m.Len() - before
-	for _, e := range sc.allocs {
-		delete(s.mu.inflight, e.Start)
-	}
-	s.appendLockedMu(recs...)
-	s.quarantineLockedMu(sc.unmapped) // the shared blocks lose this disk's reference
-	s.mu.Unlock()
+		if end > d.attr.Size {
+			d.attr.Size = end
+			recs = append(recs, record{Type: recSize, ID: d.id, Attr: diskAttr{Size: end}})
+		}
+		// The shared blocks lose this disk's reference.
+		return mapChange{recs: recs, freed: sc.unmapped, mapped: sc.allocs}, nil
+	})
 }
 
 // isAllocated reports whether segment sg was carved from allocs.

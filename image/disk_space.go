@@ -12,50 +12,46 @@ import (
 // v.
 func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 	s := d.s
+	off := int64(v * s.bs)
 	d.mu.RLock()
-	segs := d.m.Lookup(nil, v, 1)
+	hole := d.m.Lookup(nil, v, 1)[0].Hole
+	n := min(int64(s.bs), d.attr.Size-off) // only up to the size: the write must not grow the disk
 	d.mu.RUnlock()
-	if segs[0].Hole {
-		return nil
+	if hole || n <= 0 {
+		return nil // nothing there to keep
 	}
 	buf := s.pool.Get(int(s.bs))
 	defer s.pool.Put(buf)
-	sc := getScratch()
-	defer putScratch(sc)
-	c := s.stats.shard(sc)
-	if err := s.readData(c, buf, segs[0].Phys); err != nil {
+	// A read and a write planned like any other (the write gives a shared
+	// block a new one, as every write does).
+	if err := d.runLockedRange(buf[:n], off, false); err != nil {
 		return err
 	}
 	fn(buf)
-	if d.mayShare.Load() {
-		// The block may be shared, and a shared block is written around:
-		// the planner gives it a new one. Only up to the size, so that
-		// the write does not grow the disk.
-		d.mu.RLock()
-		n := min(int64(s.bs), d.attr.Size-int64(v*s.bs))
-		d.mu.RUnlock()
-		if n <= 0 {
-			return nil // past the size: nothing there to keep
-		}
-		var pl IOPlan
-		h := &Disk{d: d} // an internal handle, never closed
-		if err := h.prepare(&pl, buf[:n], int64(v*s.bs), planMode{write: true, wait: true, locked: true}); err != nil {
-			return err
-		}
-		if err := pl.run(); err != nil {
-			pl.Abort()
-			return err
-		}
-		pl.Finish()
-	} else if err := s.writeData(c, buf, segs[0].Phys, false); err != nil {
+	if err := d.runLockedRange(buf[:n], off, true); err != nil {
 		return err
 	}
-	s.writeGen.Add(1)
 	// The caller's size or punch record relies on this write: the commit
 	// that makes the record durable must flush it first.
 	s.mu.Lock()
 	s.mu.pend.dataFirst()
 	s.mu.Unlock()
+	return nil
+}
+
+// runLockedRange reads len(p) bytes at off into p, or writes p there, through
+// a plan the store makes for itself (no handle). Caller holds an exclusive
+// range lock over the range.
+func (d *disk) runLockedRange(p []byte, off int64, write bool) error {
+	var pl IOPlan
+	if err := d.prepare(&pl, p, off, planMode{write: write, wait: true, locked: true}, nil); err != nil {
+		return err
+	}
+	if err := pl.run(); err != nil {
+		pl.Abort()
+		return err
+	}
+	pl.Finish()
 	return nil
 }
 
@@ -153,27 +149,18 @@ func (d *disk) punch(off, n int64, keepSize bool) error {
 // unmapLockedRange frees virtual blocks [v, v+n) and journals it. Caller
 // holds an exclusive range lock over them.
 func (d *disk) unmapLockedRange(v, n uint64) {
-	s := d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	before := d.m.Len()
-	freed := d.m.Punch(v, n, nil)
-	if len(freed) == 0 {
-		return
-	}
-	if d.m.Len() == 0 {
-		d.forgetLayouts() // the next first write chooses afresh
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if d.m.Len() == 0 {
-		s.releaseUnitsLockedMu(d, 0) // they follow the layout just forgotten
-	}
-	s.mu.extents += d.m.Len() - before
-	s.appendLockedMu(record{Type: recPunch, ID: d.id, Virt: v, Len: n})
-	s.quarantineLockedMu(freed)
+	d.changeMap(nil, func() (mapChange, error) {
+		freed := d.m.Punch(v, n, nil)
+		if len(freed) == 0 {
+			return mapChange{}, nil
+		}
+		c := mapChange{recs: []record{{Type: recPunch, ID: d.id, Virt: v, Len: n}}, freed: freed}
+		if d.m.Len() == 0 {
+			d.forgetLayouts()     // the next first write chooses afresh
+			c.releaseUnits = true // they follow the layout just forgotten
+		}
+		return c, nil
+	})
 }
 
 // setSizeLockedRange sets the size and journals it; a shrink unmaps every
@@ -181,29 +168,23 @@ func (d *disk) unmapLockedRange(v, n uint64) {
 // size on.
 func (d *disk) setSizeLockedRange(size int64) {
 	s := d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	before := d.m.Len()
-	keep := coalesce.RoundUp(uint64(size), s.bs) / s.bs
-	freed := d.m.Punch(keep, ^uint64(0)-keep, nil)
-	if d.m.Len() == 0 {
-		d.forgetLayouts() // the next first write chooses afresh
-	}
-	d.attr.Size = size
-	d.attr.Ctime = time.Now().UnixNano()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case d.m.Len() == 0:
-		s.releaseUnitsLockedMu(d, 0) // they follow the layout just forgotten
-	case s.unitBlocks != 0:
-		s.releaseUnitsLockedMu(d, (keep+s.unitBlocks-1)/s.unitBlocks) // past the end
-	}
-	s.mu.extents += d.m.Len() - before
-	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
-	s.quarantineLockedMu(freed)
+	d.changeMap(nil, func() (mapChange, error) {
+		keep := coalesce.RoundUp(uint64(size), s.bs) / s.bs
+		c := mapChange{
+			recs:  []record{{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}}},
+			freed: d.m.Punch(keep, ^uint64(0)-keep, nil),
+		}
+		d.attr.Size = size
+		d.attr.Ctime = time.Now().UnixNano()
+		switch {
+		case d.m.Len() == 0:
+			d.forgetLayouts()     // the next first write chooses afresh
+			c.releaseUnits = true // they follow the layout just forgotten
+		case s.unitBlocks != 0:
+			c.releaseUnits, c.unitsFrom = true, (keep+s.unitBlocks-1)/s.unitBlocks // past the end
+		}
+		return c, nil
+	})
 }
 
 // growSizeLockedRange raises the size to size and journals it; it never
@@ -212,19 +193,14 @@ func (d *disk) setSizeLockedRange(size int64) {
 // the disk further meanwhile: that size, and the write's blocks, stay.
 // Caller holds an exclusive range lock over its own range.
 func (d *disk) growSizeLockedRange(size int64) {
-	s := d.s
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if size <= d.attr.Size {
-		return
-	}
-	d.attr.Size = size
-	d.attr.Ctime = time.Now().UnixNano()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.appendLockedMu(record{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}})
+	d.changeMap(nil, func() (mapChange, error) {
+		if size <= d.attr.Size {
+			return mapChange{}, nil
+		}
+		d.attr.Size = size
+		d.attr.Ctime = time.Now().UnixNano()
+		return mapChange{recs: []record{{Type: recSize, ID: d.id, Attr: diskAttr{Size: size}}}}, nil
+	})
 }
 
 // Truncate sets the disk's size. Shrinking frees every block past the new

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/vdiskfs/vdiskfs/coalesce"
@@ -75,6 +76,7 @@ type IOPlan struct {
 	locked bool // planMode.locked
 	sc     *scratch
 	start  time.Time // the plan's submission
+	timed  bool      // run timed each I/O (sc.lat); else each took from start to Finish
 }
 
 // BackingIO is one I/O of an IOPlan: len(Buf) bytes at Off of the backing.
@@ -158,8 +160,21 @@ func (h *Disk) planNoWait(pl *IOPlan, p []byte, off int64, m planMode) bool {
 // and the error of an invalid request or a failed read-modify-write or
 // allocation; on any error nothing is held.
 func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
-	d, s := h.d, h.d.s
-	if err := h.live(); err != nil {
+	return h.d.prepare(pl, p, off, m, &h.closed)
+}
+
+// prepare is Disk.prepare for a handle whose closed flag is closed, or,
+// with closed nil, for the store's own I/O on a disk (a punch's
+// read-modify-write), which holds no handle.
+func (d *disk) prepare(pl *IOPlan, p []byte, off int64, m planMode, closed *atomic.Bool) error {
+	s := d.s
+	live := func() error {
+		if closed != nil && closed.Load() {
+			return ErrClosed
+		}
+		return nil
+	}
+	if err := live(); err != nil {
 		return m.decline(DeclineClosed, err)
 	}
 	if err := checkRange(off, int64(len(p))); err != nil {
@@ -208,7 +223,7 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 	sc := getScratch()
 	*pl = IOPlan{IOs: sc.ios[:0], Completions: cq, write: m.write, be: s.be, sub: sub, async: async, p: p,
 		off: off, first: first, d: d, lr: lr, held: true, locked: m.locked, sc: sc}
-	if err := h.live(); err != nil {
+	if err := live(); err != nil {
 		pl.release()
 		return m.decline(DeclineClosed, err)
 	}
@@ -378,12 +393,19 @@ func (pl *IOPlan) Do(i int) error {
 
 // run performs every I/O of the plan, in order, on the caller's goroutine
 // (ReadAt, WriteAt). On error the plan must be aborted.
+//
+// Each I/O's latency is its own (not the time since the plan started,
+// which for I/Os one after another would add up): Finish counts it.
 func (pl *IOPlan) run() error {
+	pl.sc.lat = pl.sc.lat[:0]
 	for i := range pl.IOs {
+		t := time.Now()
 		if err := pl.Do(i); err != nil {
 			return err
 		}
+		pl.sc.lat = append(pl.sc.lat, time.Since(t))
 	}
+	pl.timed = true
 	return nil
 }
 
@@ -407,15 +429,23 @@ func (pl *IOPlan) Finish() {
 	}
 	d, sc := pl.d, pl.sc
 	c := d.s.stats.shard(sc)
-	for _, io := range pl.IOs {
+	// I/Os issued together (a door's ring) each took from the plan's
+	// submission to now, as far as the store can tell; I/Os run one after
+	// another (ReadAt, WriteAt) each took its own time.
+	sinceStart := time.Since(pl.start)
+	for i, io := range pl.IOs {
+		lat := sinceStart
+		if pl.timed && i < len(sc.lat) {
+			lat = sc.lat[i]
+		}
 		if pl.write {
-			c.DataWriteLatency.observeSince(pl.start)
+			c.DataWriteLatency.ObserveDuration(lat)
 			c.DataWriteSize.Observe(uint64(len(io.Buf)))
 			if pl.Durable {
 				c.DurableWrites.Add(1)
 			}
 		} else {
-			c.DataReadLatency.observeSince(pl.start)
+			c.DataReadLatency.ObserveDuration(lat)
 			c.DataReadSize.Observe(uint64(len(io.Buf)))
 		}
 	}

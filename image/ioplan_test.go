@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/ncw/directio"
@@ -624,5 +625,47 @@ func TestPlanDeclinesCounted(t *testing.T) {
 	}
 	if len(DeclineReasons()) != int(numDeclines) {
 		t.Errorf("DeclineReasons lists %d of %d", len(DeclineReasons()), numDeclines)
+	}
+}
+
+// slowReads is a backend (not a Submitter, so plans run each I/O through
+// ReadAt) whose data reads take a while.
+type slowReads struct{ backend.Backend }
+
+func (b slowReads) ReadAt(p []byte, off int64) (int, error) {
+	time.Sleep(time.Millisecond)
+	return b.Backend.ReadAt(p, off)
+}
+
+// A read that runs its I/Os one after another counts each I/O's own
+// latency, not the time since the plan started (which would add up): the
+// latencies of its I/Os sum to no more than the read took.
+func TestSerialLatencyPerIO(t *testing.T) {
+	mem := backend.NewMem(64 << 20)
+	if err := Format(mem, FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(slowReads{mem}, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	h := mustCreate(t, s, "a", 4*maxRunBytes)
+	defer h.Close()
+	p := directio.AlignedBlock(4 * maxRunBytes)
+	mustWrite(t, h, p, 0)
+	before := s.Metrics().Histograms["data_read_latency_seconds"]
+	start := time.Now()
+	if _, err := h.ReadAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start).Seconds()
+	after := s.Metrics().Histograms["data_read_latency_seconds"]
+	n, sum := after.Count-before.Count, after.Sum-before.Sum
+	if n < 4 {
+		t.Fatalf("the read took %d backend reads, want at least 4 (one per %d bytes)", n, maxRunBytes)
+	}
+	if sum > took {
+		t.Errorf("%d reads counted %.4f s of latency in a read of %.4f s: each I/O's latency is not its own", n, sum, took)
 	}
 }

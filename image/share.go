@@ -139,15 +139,11 @@ func (s *Store) snapshot(srcName, name string, flag uint32) (*disk, error) {
 	lr := src.ranges.lock(0, ^uint64(0), false) // no write in flight, none starts
 	defer lr.unlock()
 
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	src.mu.Lock()
-	defer src.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLockedMu(); err != nil {
+	unlock, err := s.lockCatalog(src)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	hidden := name == ""
 	if _, ok := s.mu.names[name]; ok && !hidden {
 		return nil, ErrExist
@@ -298,56 +294,47 @@ func (d *disk) share(src *disk, sv, v, count uint64, clone bool) error {
 		return err
 	}
 
-	s.cut.RLock()
-	defer s.cut.RUnlock()
-	first, second := d, src
-	if src.id < d.id {
-		first, second = src, d
-	}
-	first.mu.Lock()
-	defer first.mu.Unlock()
-	if second != first {
-		second.mu.Lock()
-		defer second.mu.Unlock()
-	}
-	if src.deleted || d.deleted {
-		return ErrClosed
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usableLockedMu(); err != nil {
+	err := d.changeMap(src, func() (mapChange, error) {
+		if src.deleted || d.deleted {
+			return mapChange{}, ErrClosed
+		}
+		// The store's state is looked at before the map changes, which
+		// cannot be undone; a store that fails after this refuses the
+		// commit that would hold the change.
+		if err := s.writable(); err != nil {
+			return mapChange{}, err
+		}
+		c := mapChange{freed: d.m.Punch(v, count, nil)}
+		d.mayShare.Store(true)
+		src.mayShare.Store(true)
+		for _, sg := range src.m.Lookup(nil, sv, count) {
+			if sg.Hole {
+				continue
+			}
+			e := blockmap.Extent{Virt: v + (sg.Virt - sv), Phys: sg.Phys, Len: sg.Len}
+			if freed := d.m.Insert(e, nil); len(freed) != 0 {
+				panic(fmt.Sprintf("image: disk %d: copy mapped over %v after punching the range", d.id, freed))
+			}
+			c.shared = append(c.shared, e)
+		}
+		if d.m.Len() == 0 {
+			d.forgetLayouts()
+		}
+		c.recs = []record{{Type: recClone, ID: d.id, Src: src.id, SrcVirt: sv, Virt: v, Len: count}}
+		if end := int64((v + count) * s.bs); end > d.attr.Size {
+			d.attr.Size = end
+			c.recs = append(c.recs, record{Type: recSize, ID: d.id, Attr: diskAttr{Size: end}})
+		}
+		if clone {
+			d.flags.Store(d.flags.Load() | diskFlagClone)
+			d.origin = src.id
+			c.recs = append(c.recs, record{Type: recFlags, ID: d.id, Flags: d.flags.Load(), Src: src.id, UUID: d.uuid})
+		}
+		return c, nil
+	})
+	if err != nil {
 		return err
 	}
-	before := d.m.Len()
-	unmapped := d.m.Punch(v, count, nil)
-	segs := src.m.Lookup(nil, sv, count)
-	d.mayShare.Store(true)
-	src.mayShare.Store(true)
-	for _, sg := range segs {
-		if sg.Hole {
-			continue
-		}
-		if freed := d.m.Insert(blockmap.Extent{Virt: v + (sg.Virt - sv), Phys: sg.Phys, Len: sg.Len}, nil); len(freed) != 0 {
-			panic(fmt.Sprintf("image: disk %d: copy mapped over %v after punching the range", d.id, freed))
-		}
-		s.mu.shared.Add(sg.Phys, sg.Len)
-	}
-	if d.m.Len() == 0 {
-		d.forgetLayouts()
-	}
-	s.mu.extents += d.m.Len() - before
-	recs := []record{{Type: recClone, ID: d.id, Src: src.id, SrcVirt: sv, Virt: v, Len: count}}
-	if end := int64((v + count) * s.bs); end > d.attr.Size {
-		d.attr.Size = end
-		recs = append(recs, record{Type: recSize, ID: d.id, Attr: diskAttr{Size: end}})
-	}
-	if clone {
-		d.flags.Store(d.flags.Load() | diskFlagClone)
-		d.origin = src.id
-		recs = append(recs, record{Type: recFlags, ID: d.id, Flags: d.flags.Load(), Src: src.id, UUID: d.uuid})
-	}
-	s.appendLockedMu(recs...)
-	s.quarantineLockedMu(unmapped)
 	d.touch()
 	return nil
 }
