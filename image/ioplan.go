@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 )
@@ -167,98 +168,160 @@ func (h *Disk) prepare(pl *IOPlan, p []byte, off int64, m planMode) error {
 // with closed nil, for the store's own I/O on a disk (a punch's
 // read-modify-write), which holds no handle.
 func (d *disk) prepare(pl *IOPlan, p []byte, off int64, m planMode, closed *atomic.Bool) error {
-	s := d.s
-	live := func() error {
-		if closed != nil && closed.Load() {
-			return ErrClosed
-		}
-		return nil
+	// The stages, in order. The first two decide whether there is a plan
+	// at all and hold nothing when they say no; from the range lock on,
+	// a stage that fails releases what the plan holds.
+	r, err := d.admit(pl, p, off, m, closed)
+	if err != nil {
+		return err
 	}
-	if err := live(); err != nil {
-		return m.decline(DeclineClosed, err)
+	if err := d.holdRange(pl, &r, m, closed); err != nil {
+		return err
+	}
+	err = d.lookUp(pl, &r, m)
+	var buf []byte
+	if err == nil {
+		buf, err = d.buffer(pl, &r, m)
+	}
+	var segs []blockmap.Segment
+	if err == nil {
+		segs, err = d.placeHoles(pl, &r, m)
+	}
+	if err == nil {
+		err = d.issue(pl, &r, m, buf, segs)
+	}
+	if err != nil {
+		pl.release()
+		return err
+	}
+	return nil
+}
+
+// request is what prepare works out about a request before it holds
+// anything, and what the map says of its range once it does.
+type request struct {
+	p            []byte
+	off, n       int64  // n: the bytes it covers (a read stops at the size)
+	first, count uint64 // its blocks
+	aligned      bool   // offset, length and memory block-aligned: the I/O goes to and from p itself
+	sub          backend.Submitter
+	async        bool       // its I/O starts on the caller's completion queue
+	holes        bool       // a write with blocks to fill: holes, or shared blocks written around
+	nb           neighbours // where those blocks go (placement)
+	c            *Shard     // the counters it counts into
+}
+
+// admit checks the request and chooses how its I/O will be issued: the
+// byte count (a read stops at the size), whether it is aligned, and,
+// without wait, whether the backend takes it on a ring or on the caller's
+// completion queue. It declines, holding nothing, what a plan without
+// wait may not do.
+func (d *disk) admit(pl *IOPlan, p []byte, off int64, m planMode, closed *atomic.Bool) (request, error) {
+	s := d.s
+	if closed != nil && closed.Load() {
+		return request{}, m.decline(DeclineClosed, ErrClosed)
 	}
 	if err := checkRange(off, int64(len(p))); err != nil {
-		return fmt.Errorf("disk %d %s: %w", d.id, opName(m.write), err)
+		return request{}, fmt.Errorf("disk %d %s: %w", d.id, opName(m.write), err)
 	}
-	bs := s.bs
-	n := int64(len(p))
+	r := request{p: p, off: off, n: int64(len(p))}
 	if !m.write { // a read ends at the size; a write may grow the disk
 		d.mu.RLock()
 		size := d.attr.Size
 		d.mu.RUnlock()
 		if off >= size {
-			return m.decline(DeclineEnd, io.EOF)
+			return request{}, m.decline(DeclineEnd, io.EOF)
 		}
-		n = min(n, size-off)
+		r.n = min(r.n, size-off)
 	}
-	if n == 0 {
-		return errEmpty
+	if r.n == 0 {
+		return request{}, errEmpty
 	}
 	sub, isSub := s.be.(backend.Submitter)
-	cq := pl.Completions
+	r.sub = sub
 	// Async: the plan's I/O starts on the caller's completion queue,
 	// which must be one of this store's backend.
-	async := !m.wait && !isSub && !m.fua && cq != nil && cq.s == s
+	cq := pl.Completions
+	r.async = !m.wait && !isSub && !m.fua && cq != nil && cq.s == s
 	uoff := uint64(off)
-	aligned := uoff%bs == 0 && uint64(n)%bs == 0 && coalesce.IsAligned(p)
-	if !m.wait && !isSub && !async {
-		return declined(DeclineBackend)
+	r.aligned = uoff%s.bs == 0 && uint64(r.n)%s.bs == 0 && coalesce.IsAligned(p)
+	if !m.wait && !isSub && !r.async {
+		return request{}, declined(DeclineBackend)
 	}
-	if !m.wait && !aligned {
-		return declined(DeclineUnaligned) // partial blocks: ReadAt's and WriteAt's business
+	if !m.wait && !r.aligned {
+		return request{}, declined(DeclineUnaligned) // partial blocks: ReadAt's and WriteAt's business
 	}
+	r.first, r.count = coalesce.BlockRange(uoff, uint64(r.n), s.bs)
+	return r, nil
+}
 
-	first, count := coalesce.BlockRange(uoff, uint64(n), bs)
+// holdRange takes the request's range lock (waiting only with wait; not
+// at all when the caller holds it), makes pl the plan that holds it, and
+// checks that the handle is still open and, for a write, that the store
+// and the disk take writes. On an error nothing is held.
+func (d *disk) holdRange(pl *IOPlan, r *request, m planMode, closed *atomic.Bool) error {
+	s := d.s
 	lr, held := lockedRange{}, true
 	switch {
 	case m.locked:
 	case m.wait:
-		lr = d.ranges.lock(first, count, m.write)
+		lr = d.ranges.lock(r.first, r.count, m.write)
 	default:
-		lr, held = d.ranges.tryLock(first, count, m.write)
+		lr, held = d.ranges.tryLock(r.first, r.count, m.write)
 	}
 	if !held {
 		return declined(DeclineBusy) // PlanRead and PlanWrite never wait
 	}
 	sc := getScratch()
-	*pl = IOPlan{IOs: sc.ios[:0], Completions: cq, write: m.write, be: s.be, sub: sub, async: async, p: p,
-		off: off, first: first, d: d, lr: lr, held: true, locked: m.locked, sc: sc}
-	if err := live(); err != nil {
-		pl.release()
-		return m.decline(DeclineClosed, err)
-	}
-	if m.write {
-		err := s.writable()
+	*pl = IOPlan{IOs: sc.ios[:0], Completions: pl.Completions, write: m.write, be: s.be, sub: r.sub, async: r.async, p: r.p,
+		off: r.off, first: r.first, d: d, lr: lr, held: true, locked: m.locked, sc: sc}
+	r.c = s.stats.shard(sc)
+	var err error
+	switch {
+	case closed != nil && closed.Load():
+		err = m.decline(DeclineClosed, ErrClosed)
+	case m.write:
+		err = s.writable()
 		if err == nil {
 			err = d.readOnly()
 		}
 		if err != nil {
-			pl.release()
-			return m.decline(DeclineReadOnly, fmt.Errorf("disk %d write: %w", d.id, err))
+			err = m.decline(DeclineReadOnly, fmt.Errorf("disk %d write: %w", d.id, err))
 		}
 	}
+	if err != nil {
+		pl.release()
+	}
+	return err
+}
+
+// lookUp reads the range's map into the plan's scratch: its data and
+// holes, and, for a write, the shared blocks it must write around (which
+// it then fills like holes) and the neighbours that place new blocks. It
+// declines, without wait, a write that grows the disk or a read of a disk
+// that shrank, and a synchronous write that needs a commit.
+func (d *disk) lookUp(pl *IOPlan, r *request, m planMode) error {
+	s, sc := d.s, pl.sc
 	d.mu.RLock()
-	sc.segs = d.m.Lookup(sc.segs, first, count)
-	holes := hasHole(sc)
+	sc.segs = d.m.Lookup(sc.segs, r.first, r.count)
+	r.holes = hasHole(sc)
 	// Only holes to fill need neighbours: not the read path. Shared blocks
 	// are written around, like holes.
-	var nb neighbours
 	if m.write && d.mayShare.Load() {
 		s.mu.Lock()
 		sc.cowed = s.cowLockedMu(d, sc)
-		holes = holes || sc.cowed
-		if holes {
-			nb = d.neighboursLockedMu(first, count)
-			s.ownNeighboursLockedMu(&nb, first, count)
+		r.holes = r.holes || sc.cowed
+		if r.holes {
+			r.nb = d.neighboursLockedMu(r.first, r.count)
+			s.ownNeighboursLockedMu(&r.nb, r.first, r.count)
 		}
 		s.mu.Unlock()
-	} else if m.write && holes {
-		nb = neighbours{d: d, lazy: true, first: first, count: count}
+	} else if m.write && r.holes {
+		r.nb = neighbours{d: d, lazy: true, first: r.first, count: r.count}
 	}
 	size := d.attr.Size
 	d.mu.RUnlock()
-	if !m.wait && off+n > size { // a growing write, or a disk that shrank
-		pl.release()
+	if !m.wait && r.off+r.n > size { // a growing write, or a disk that shrank
 		return declined(DeclineEnd) // WriteAt's and ReadAt's business
 	}
 	// A synchronous overwrite in place needs nothing journalled when the
@@ -266,65 +329,80 @@ func (d *disk) prepare(pl *IOPlan, p []byte, off int64, m planMode, closed *atom
 	// be, and durable writes make it so. The range lock keeps this
 	// range's mappings as they are, and every record that made them was
 	// appended before the lookup.
-	pl.Durable = m.fua && !holes && off+n <= size && s.mappingsDurable()
+	pl.Durable = m.fua && !r.holes && r.off+r.n <= size && s.mappingsDurable()
 	if m.fua && !m.wait && !pl.Durable {
-		pl.release()
 		return declined(DeclineNeedsCommit) // WriteAtSync's business
 	}
-	c := s.stats.shard(sc)
-	countLookup(c, sc.segs)
+	countLookup(r.c, sc.segs)
+	return nil
+}
 
-	// The buffer covering whole blocks [first, first+count): the caller's
-	// own when the request is block-aligned in offset, length and memory;
-	// else a pooled one, into which a write first reads (or zeroes, for a
-	// hole) every block it covers only in part (a partial span of Split,
-	// at most two) and then copies itself.
-	buf := p[:n]
-	if !aligned {
-		buf = s.pool.Get(int(count * bs))
-		pl.bounce = buf
-		if m.write {
-			spans := coalesce.Split(uoff, uint64(n), bs)
-			for _, sp := range spans.All() {
-				if !sp.Partial {
-					continue
-				}
-				lo := (sp.Block - first) * bs
-				if err := s.fillBlock(c, buf[lo:lo+bs], sc.segs, sp.Block); err != nil {
-					pl.release()
-					return fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, off, err)
-				}
-			}
-			copy(buf[uoff-first*bs:], p)
+// buffer returns the buffer covering whole blocks [first, first+count)
+// that the I/O goes to and from: the caller's own when the request is
+// aligned; else a pooled one (the plan's bounce buffer), into which a
+// write first reads (or zeroes, for a hole) every block it covers only in
+// part (a partial span of Split, at most two) and then copies itself.
+func (d *disk) buffer(pl *IOPlan, r *request, m planMode) ([]byte, error) {
+	s, bs := d.s, d.s.bs
+	if r.aligned {
+		return r.p[:r.n], nil
+	}
+	buf := s.pool.Get(int(r.count * bs))
+	pl.bounce = buf
+	if !m.write {
+		return buf, nil
+	}
+	uoff := uint64(r.off)
+	spans := coalesce.Split(uoff, uint64(r.n), bs)
+	for _, sp := range spans.All() {
+		if !sp.Partial {
+			continue
+		}
+		lo := (sp.Block - r.first) * bs
+		if err := s.fillBlock(r.c, buf[lo:lo+bs], pl.sc.segs, sp.Block); err != nil {
+			return nil, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, r.off, err)
 		}
 	}
+	copy(buf[uoff-r.first*bs:], r.p)
+	return buf, nil
+}
+
+// placeHoles gives a write's holes (and the shared blocks it writes
+// around) new blocks, placed by their neighbours (allocHoles), and returns
+// the segments the I/O goes to. Without wait, blocks are taken without
+// waiting for a commit to free any: a full store's writes go to WriteAt.
+func (d *disk) placeHoles(pl *IOPlan, r *request, m planMode) ([]blockmap.Segment, error) {
+	sc := pl.sc
 	if sc.cowed { // from here on the shared pieces are holes to fill
 		sc.segs, sc.cow = sc.cow, sc.segs
 	}
-	segs := sc.segs // what the I/O goes to
-	if m.write && holes {
-		// Without wait, blocks for the holes are taken without waiting
-		// for a commit to free any: a full store's writes go to WriteAt.
-		if err := s.allocHoles(sc, nb, m.wait); err != nil {
-			pl.release()
-			return m.decline(DeclineNoBlocks, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, n, off, err))
-		}
-		segs = sc.out
+	if !m.write || !r.holes {
+		return sc.segs, nil
 	}
-	sc.runs = coalesce.Runs(sc.runs[:0], segs, first, bs, maxRunBytes/bs)
+	if err := d.s.allocHoles(sc, r.nb, m.wait); err != nil {
+		return nil, m.decline(DeclineNoBlocks, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, r.n, r.off, err))
+	}
+	return sc.out, nil
+}
+
+// issue coalesces the segments into runs, one backing I/O each (declining,
+// without wait, more than the caller takes), zeroes a read's holes in the
+// buffer, and makes the plan's I/Os.
+func (d *disk) issue(pl *IOPlan, r *request, m planMode, buf []byte, segs []blockmap.Segment) error {
+	s, sc, bs := d.s, pl.sc, d.s.bs
+	sc.runs = coalesce.Runs(sc.runs[:0], segs, r.first, bs, maxRunBytes/bs)
 	if !m.wait && len(sc.runs) > m.maxIOs {
-		pl.release()
 		return declined(DeclineTooManyIOs)
 	}
-	countCoalesce(c, segs, sc.runs)
+	countCoalesce(r.c, segs, sc.runs)
 	if !m.write {
-		zeroHoles(buf, sc.segs, first, bs)
+		zeroHoles(buf, sc.segs, r.first, bs)
 	}
-	for _, r := range sc.runs {
-		b := buf[r.BufOff:min(r.BufOff+r.Blocks*bs, uint64(len(buf)))]
-		pl.IOs = append(pl.IOs, BackingIO{Off: s.dataOff + int64(r.Phys*bs), Buf: b})
+	for _, run := range sc.runs {
+		b := buf[run.BufOff:min(run.BufOff+run.Blocks*bs, uint64(len(buf)))]
+		pl.IOs = append(pl.IOs, BackingIO{Off: s.dataOff + int64(run.Phys*bs), Buf: b})
 	}
-	pl.N, pl.start = int(n), time.Now()
+	pl.N, pl.start = int(r.n), time.Now()
 	return nil
 }
 
