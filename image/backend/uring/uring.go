@@ -1,5 +1,5 @@
-// Package uring issues the preads and pwrites of many goroutines through one
-// Linux io_uring, so that requests arriving together reach the block layer
+// Package uring issues the preads of many goroutines (the store's data reads
+// with the io_uring engine) through one Linux io_uring, so that requests arriving together reach the block layer
 // together: one io_uring_enter submits them all under one plug, and the
 // device is notified once for the batch instead of once per request (on a
 // virtio disk each notification is a VM exit).
@@ -24,7 +24,7 @@
 // Invariants: only the owner touches the ring's memory; the owner exits only
 // after Close, with nothing queued or in flight; at most
 // len(cqes) operations (the eventfd read included) are in flight, so the
-// completion queue never overflows; a buffer passed to Pread or Pwrite stays
+// completion queue never overflows; a buffer passed to Pread stays
 // referenced by the blocked caller until its operation completes.
 package uring
 
@@ -104,11 +104,6 @@ func New(entries uint32) (*Ring, error) {
 // transfer less than len(p).
 func (r *Ring) Pread(fd int, p []byte, off int64) (int, error) {
 	return r.do(iouring.OpRead, fd, p, off)
-}
-
-// Pwrite writes p at off to fd, like pwrite(2).
-func (r *Ring) Pwrite(fd int, p []byte, off int64) (int, error) {
-	return r.do(iouring.OpWrite, fd, p, off)
 }
 
 // ErrClosed is returned by operations on a closed ring.

@@ -67,7 +67,7 @@ func TestConcurrentReadWrite(t *testing.T) {
 				for i := range buf {
 					buf[i] = byte(b*7 + i)
 				}
-				if n, err := r.Pwrite(fd, buf, int64(b*bs)); err != nil || n != bs {
+				if n, err := unix.Pwrite(fd, buf, int64(b*bs)); err != nil || n != bs {
 					errs <- fmt.Errorf("write block %d: %d, %v", b, n, err)
 					return
 				}
