@@ -1,6 +1,6 @@
-// Package uring issues the preads of many goroutines (the store's data reads
-// with the io_uring engine) through one Linux io_uring, so that requests arriving together reach the block layer
-// together: one io_uring_enter submits them all under one plug, and the
+// Package uring issues the preads of many goroutines (the store's data
+// reads with the io_uring engine) through one Linux io_uring, so that
+// requests arriving together reach the block layer together: one io_uring_enter submits them all under one plug, and the
 // device is notified once for the batch instead of once per request (on a
 // virtio disk each notification is a VM exit).
 //
