@@ -21,7 +21,12 @@ package telemetry
 // keeps the source's mode and owner, so it would not show the data to the
 // peer, but it would keep it alive under a name the source's owner does
 // not know of, past the source's deletion. Receive and sync read no disk
-// and are open to every admitted peer.
+// and are open to every admitted peer. So are listing the disks, the
+// store's info and a check (catalog.go): they show names, sizes, modes,
+// owners and allocation, which are metadata (names, sizes and which
+// blocks are allocated are not secret, even of an encrypted disk); GET
+// /stats shows the names and sizes to the same peers, and a mount with
+// allow_other shows all of it to every user.
 
 import (
 	"context"
@@ -211,7 +216,8 @@ func (s socketHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // guard is a Controller for one peer: it refuses to read a disk the peer
 // may not read (the top of this file), and gives a disk a peer receives
 // to that peer unless the peer is root (Receive). The requests that read
-// no disk (Sync, Stat) go through to the embedded Controller as they are.
+// no disk's data (Sync, Stat, List, Info, Version, Check) go through to the
+// embedded Controller as they are.
 type guard struct {
 	Controller
 	peer Peer

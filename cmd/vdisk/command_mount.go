@@ -84,6 +84,14 @@ func (m mountSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions
 	return m.srv.Receive(r, name, o)
 }
 
+// List, Info, Version and Check are `vdisk ls`, `info` and `fsck` given
+// the mount point or the store of a mount. Check runs on the live store:
+// it stops writers while it runs (image.Store.Check).
+func (m mountSource) List() []image.DiskInfo { return m.s.List() }
+func (m mountSource) Info() image.Info       { return m.s.Info() }
+func (m mountSource) Version() int           { return m.s.Version() }
+func (m mountSource) Check() *image.Report   { return m.s.Check() }
+
 func newMountCmd(e *env) *cobra.Command {
 	var f mountFlags
 	cmd := &cobra.Command{
