@@ -1,0 +1,151 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCatalogMounted: ls, info and fsck of a mounted store work given its
+// mount point and given the store's path, through the daemon; fsck
+// --repair is refused, saying the store must be unmounted; once it is,
+// the same commands open the store as before and see the same thing.
+func TestCatalogMounted(t *testing.T) {
+	store := newStore(t)
+	mustRun(t, "create", store, "a.raw", "1M")
+	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
+	data := randomBytes(2<<20, 40)
+	if err := os.WriteFile(filepath.Join(mnt, "b.raw"), data, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "snapshot", filepath.Join(mnt, "b.raw"), "b-snap")
+	for _, arg := range []string{mnt, store} {
+		t.Run(filepath.Base(arg), func(t *testing.T) {
+			ds := listDisks(t, arg)
+			if len(ds) != 3 || ds[0].Name != "a.raw" || ds[1].Name != "b-snap" || ds[2].Name != "b.raw" {
+				t.Fatalf("ls --json %s: %+v", arg, ds)
+			}
+			if b := ds[2]; b.Size != 2<<20 || b.Allocated != 2<<20 || b.Shared != 2<<20 || b.Mode != "0640" {
+				t.Errorf("b.raw: %+v", b)
+			}
+			if s := ds[1]; !s.Snapshot || s.Origin != "b.raw" {
+				t.Errorf("b-snap: %+v", s)
+			}
+			if out := mustRun(t, "ls", arg).stdout; !strings.Contains(out, "snapshot of b.raw") || !strings.HasPrefix(out, "NAME") {
+				t.Errorf("ls %s:\n%s", arg, out)
+			}
+			var in infoJSON
+			if err := json.Unmarshal([]byte(mustRun(t, "info", "--json", arg).stdout), &in); err != nil {
+				t.Fatal(err)
+			}
+			if in.Disks != 3 || in.Snapshots != 1 || in.FormatVersion != 2 || in.MappedBytes != 4<<20 || in.SharedBytes != 4<<20 ||
+				in.BlockSize == 0 || in.Used == 0 {
+				t.Errorf("info --json %s: %+v", arg, in)
+			}
+			if out := mustRun(t, "info", arg).stdout; !strings.Contains(out, "disks:") || !strings.Contains(out, "snapshots: 1") {
+				t.Errorf("info %s:\n%s", arg, out)
+			}
+			r := mustRun(t, "fsck", arg)
+			if !strings.Contains(r.stdout, "checking "+store+", mounted at "+mnt) || !strings.Contains(r.stdout, "result: clean (exit 0)") ||
+				!strings.Contains(r.stdout, "3 disks") {
+				t.Errorf("fsck %s:\n%s", arg, r.stdout)
+			}
+			res, code := fsckJSON(t, arg)
+			if code != exitOK || res.Mountpoint != mnt || res.Store != store || res.Summary.Disks != 3 || res.Summary.BlockSize == 0 {
+				t.Errorf("fsck --json %s: exit %d: %+v", arg, code, res)
+			}
+			wantFail(t, exitFailure, []string{"a repair needs it unmounted", "vdisk umount " + mnt, "vdisk fsck --repair " + store},
+				"fsck", "--repair", arg)
+		})
+	}
+	mustRun(t, "umount", mnt)
+	if res := <-exit; res.code != 0 {
+		t.Fatalf("mount exited %d: %s", res.code, res.stderr)
+	}
+	// Unmounted, the same commands open the store themselves.
+	if ds := listDisks(t, store); len(ds) != 3 || ds[2].Name != "b.raw" || ds[2].Size != 2<<20 {
+		t.Errorf("ls after umount: %+v", ds)
+	}
+	if r := mustRun(t, "fsck", store); !strings.HasPrefix(r.stdout, "checking "+store+"\n") {
+		t.Errorf("offline fsck:\n%s", r.stdout)
+	}
+	wantFail(t, exitFailure, []string{"a store must be a regular file or a block device", "is no vdiskfs mount point"}, "ls", mnt)
+}
+
+// TestChangeMounted: create, resize, rename and rm given a mount point (and
+// create given the mounted store's path) change the store through the
+// mount: the files show the change at once, errors are refused as offline,
+// and the store is clean after the unmount.
+func TestChangeMounted(t *testing.T) {
+	store := newStore(t)
+	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
+	sizeOf := func(name string) (int64, os.FileMode) {
+		t.Helper()
+		fi, err := os.Stat(filepath.Join(mnt, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size(), fi.Mode().Perm()
+	}
+	if r := mustRun(t, "create", "--mode", "0400", mnt, "b.raw", "2M"); r.stdout != "created b.raw: 2 MiB\n" {
+		t.Errorf("create said %q", r.stdout)
+	}
+	if n, m := sizeOf("b.raw"); n != 2<<20 || m != 0o400 {
+		t.Errorf("b.raw: %d bytes, mode %v; want 2 MiB, 0400", n, m)
+	}
+	mustRun(t, "create", store, "c.raw", "1M")
+	if n, m := sizeOf("c.raw"); n != 1<<20 || m != 0o644 {
+		t.Errorf("c.raw, created given the store: %d bytes, mode %v", n, m)
+	}
+	wantFail(t, exitFailure, []string{"exists"}, "create", mnt, "b.raw", "1M")
+	wantFail(t, exitFailure, []string{"invalid disk name"}, "create", mnt, "../escape.raw", "1M")
+	if _, err := os.Stat(filepath.Join(filepath.Dir(mnt), "escape.raw")); err == nil {
+		t.Fatal("create made a file outside the mount")
+	}
+
+	mustRun(t, "resize", mnt, "b.raw", "+1M")
+	if n, _ := sizeOf("b.raw"); n != 3<<20 {
+		t.Errorf("b.raw after +1M: %d bytes", n)
+	}
+	wantFail(t, exitFailure, []string{"--shrink"}, "resize", mnt, "b.raw", "1M")
+	mustRun(t, "resize", "--shrink", mnt, "b.raw", "1M")
+	if n, _ := sizeOf("b.raw"); n != 1<<20 {
+		t.Errorf("b.raw after shrinking to 1M: %d bytes", n)
+	}
+	wantFail(t, exitFailure, []string{"no such file"}, "resize", mnt, "none.raw", "1M")
+
+	wantFail(t, exitFailure, []string{"already exists", "--force"}, "rename", mnt, "b.raw", "c.raw")
+	mustRun(t, "rename", mnt, "b.raw", "d.raw")
+	mustRun(t, "rename", "--force", mnt, "d.raw", "c.raw")
+	if n, m := sizeOf("c.raw"); n != 1<<20 || m != 0o400 {
+		t.Errorf("c.raw, replaced by d.raw: %d bytes, mode %v", n, m)
+	}
+	if _, err := os.Stat(filepath.Join(mnt, "b.raw")); !os.IsNotExist(err) {
+		t.Errorf("b.raw after its rename: %v", err)
+	}
+
+	wantFail(t, exitFailure, []string{"none.raw"}, "rm", mnt, "none.raw", "c.raw")
+	if ents, err := os.ReadDir(mnt); err != nil || len(ents) != 0 {
+		t.Errorf("the mount after rm: %v, %v", ents, err)
+	}
+	if ds := listDisks(t, mnt); len(ds) != 0 {
+		t.Errorf("ls after rm: %+v", ds)
+	}
+	mustRun(t, "umount", mnt)
+	if res := <-exit; res.code != 0 {
+		t.Fatalf("mount exited %d: %s", res.code, res.stderr)
+	}
+}
+
+// TestMountOf: a directory that is not a mount point, and a store nothing
+// mounts, are taken offline.
+func TestMountOf(t *testing.T) {
+	store := newStore(t)
+	for _, arg := range []string{t.TempDir(), store, filepath.Join(t.TempDir(), "missing")} {
+		if mnt, _, ok := mountOf(arg); ok {
+			t.Errorf("mountOf(%s) = %s", arg, mnt)
+		}
+	}
+}
