@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestCatalogMounted: ls, info and fsck of a mounted store work given its
@@ -147,5 +149,38 @@ func TestMountOf(t *testing.T) {
 		if mnt, _, ok := mountOf(arg); ok {
 			t.Errorf("mountOf(%s) = %s", arg, mnt)
 		}
+	}
+}
+
+// TestCatalogDaemon: with the store mounted by a daemon of its own (the
+// real binary, another process), ls, info and fsck given the store's path
+// go through that mount. Once the daemon is killed, its dead mount still
+// names the store as its source, but nothing holds the store: ls of the
+// store opens it itself, and ls of the mount point says nothing serves it.
+func TestCatalogDaemon(t *testing.T) {
+	requireFUSE(t)
+	bin := vdiskBinary(t)
+	store := newStore(t)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	pid := startDaemon(t, bin, store, mnt)
+	if err := os.WriteFile(filepath.Join(mnt, "a.raw"), randomBytes(1<<20, 41), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ds := listDisks(t, store); len(ds) != 1 || ds[0].Name != "a.raw" || ds[0].Allocated != 1<<20 {
+		t.Errorf("ls --json STORE of a daemon's mount: %+v", ds)
+	}
+	if r := mustRun(t, "fsck", store); !strings.Contains(r.stdout, "mounted at "+mnt) {
+		t.Errorf("fsck STORE of a daemon's mount:\n%s", r.stdout)
+	}
+	mustRun(t, "create", store, "b.raw", "1M")
+	mustRun(t, "umount", mnt) // commits b.raw's creation: the kill below loses nothing
+	pid = startDaemon(t, bin, store, mnt)
+	killDaemon(t, pid)
+	if ds := listDisks(t, store); len(ds) != 2 || ds[1].Name != "b.raw" {
+		t.Errorf("ls --json STORE after its daemon was killed: %+v", ds)
+	}
+	wantFail(t, exitFailure, []string{"no vdiskfs mount is serving there"}, "ls", mnt)
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
 	}
 }
