@@ -2,8 +2,9 @@ package main
 
 // One way for a command to reach a store, mounted or not.
 //
-// ls, info, fsck, create, rm, rename and resize take a store's path or the
-// mount point of a mounted store. openAccess decides from the argument:
+// ls, info, fsck, create, rm, rename, resize, import and export take a
+// store's path or the mount point of a mounted store. openAccess decides
+// from the argument:
 //
 //   - a vdiskfs mount point: the store is mounted, and the command goes
 //     through the mount;
@@ -11,20 +12,23 @@ package main
 //     namespace (the mount's source is the store: /proc/self/mountinfo,
 //     and the store's owner record names a running mount daemon): the
 //     same, through that mount;
-//   - anything else: the command opens the store itself, as it always
-//     did (a store held by any other process is refused as locked).
+//   - anything else: the command opens the store itself (a store held by
+//     any other process is refused as locked, naming the holder).
 //
 // Through a mount, what reads the catalog (ls, info, fsck's check) asks
 // the daemon through the mount's control socket (telemetry.List, Info,
-// Check), and what changes it (create, rm, rename, resize) is done on the
-// mount's files (create and ftruncate, unlink, rename, truncate): that is
-// what the kernel sees, so its caches stay right, and the mount's
-// permission checks apply to the caller. A repair needs the store
+// Check), and disks are changed and read on the mount's files (create and
+// ftruncate, unlink, rename, truncate; import writes and fsyncs the file
+// it created, export reads its data regions): that is what the kernel
+// sees, so its caches stay right, and the mount's permission checks apply
+// to the caller. defrag, upgrade and format still need the store
+// unmounted. A repair needs the store
 // unmounted: fsck --repair on a mounted store is refused, saying so.
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -45,8 +49,11 @@ type storeAccess interface {
 	// Info describes the store, with its format version.
 	Info() (telemetry.StoreInfo, error)
 	// Create makes an empty disk of size bytes with permission bits mode,
-	// owned by the caller; it fails if name exists.
-	Create(name string, size int64, mode uint32) error
+	// owned by the caller, and opens it for writing whatever its mode; it
+	// fails if name exists.
+	Create(name string, size int64, mode uint32) (diskData, error)
+	// Open opens the disk name for reading.
+	Open(name string) (diskData, error)
 	// Remove removes the disk name.
 	Remove(name string) error
 	// Rename renames disk old to new, replacing a disk called new only
@@ -58,6 +65,22 @@ type storeAccess interface {
 	Resize(name string, size int64) error
 	// Close lets go of the store: an offline store is committed and
 	// closed.
+	Close() error
+}
+
+// diskData is the bytes of one disk: a handle on a store this process
+// opened, or the disk's file on the mount.
+type diskData interface {
+	io.ReaderAt
+	io.WriterAt
+	// Size is the disk's size when it was opened.
+	Size() int64
+	// Regions calls fn with each data region [start, end) of the disk, in
+	// order (SEEK_DATA and SEEK_HOLE).
+	Regions(fn func(start, end int64) error) error
+	// Close closes the disk; what was written is durable when it returns
+	// without an error (a file on the mount is fsynced first; a store this
+	// process opened commits when it is closed).
 	Close() error
 }
 
@@ -121,9 +144,26 @@ func (o offlineStore) Info() (telemetry.StoreInfo, error) {
 	return telemetry.StoreInfo{Info: o.s.Info(), Version: o.s.Version()}, nil
 }
 
-func (o offlineStore) Create(name string, size int64, mode uint32) error {
-	_, err := o.s.Create(name, size, image.Attr{Mode: mode, UID: uint32(os.Getuid()), GID: uint32(os.Getgid())})
-	return err
+func (o offlineStore) Create(name string, size int64, mode uint32) (diskData, error) {
+	if _, err := o.s.Create(name, size, image.Attr{Mode: mode, UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}); err != nil {
+		return nil, err
+	}
+	return o.Open(name)
+}
+
+func (o offlineStore) Open(name string) (diskData, error) {
+	d, err := o.s.OpenDisk(name)
+	if err != nil {
+		return nil, err
+	}
+	return offlineDisk{d}, nil
+}
+
+// offlineDisk is a disk of a store this process opened.
+type offlineDisk struct{ *image.Disk }
+
+func (d offlineDisk) Regions(fn func(start, end int64) error) error {
+	return diskDataRegions(d.Disk, fn)
 }
 
 func (o offlineStore) Remove(name string) error { return o.s.Remove(name) }
@@ -176,26 +216,68 @@ func (m mountedStore) path(name string) (string, error) {
 }
 
 // Create creates the file and sets its size and mode through the open
-// descriptor, so that a mode without write permission still gets its
-// size; a failure after the create removes the file.
-func (m mountedStore) Create(name string, size int64, mode uint32) error {
+// descriptor, so that the disk can be written whatever its mode; a failure
+// after the create removes the file.
+func (m mountedStore) Create(name string, size int64, mode uint32) (diskData, error) {
 	p, err := m.path(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	err = f.Truncate(size)
 	if err == nil {
 		err = unix.Fchmod(int(f.Fd()), mode&0o7777)
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
+		f.Close()
 		os.Remove(p)
+		return nil, err
+	}
+	return &mountFile{f: f, size: size, write: true}, nil
+}
+
+func (m mountedStore) Open(name string) (diskData, error) {
+	p, err := m.path(name)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &mountFile{f: f, size: fi.Size()}, nil
+}
+
+// mountFile is a disk's file on the mount.
+type mountFile struct {
+	f     *os.File
+	size  int64
+	write bool // opened for writing: Close fsyncs
+}
+
+func (d *mountFile) ReadAt(p []byte, off int64) (int, error)  { return d.f.ReadAt(p, off) }
+func (d *mountFile) WriteAt(p []byte, off int64) (int, error) { return d.f.WriteAt(p, off) }
+func (d *mountFile) Size() int64                              { return d.size }
+
+func (d *mountFile) Regions(fn func(start, end int64) error) error {
+	return fileDataRegions(d.f, d.size, true, fn)
+}
+
+func (d *mountFile) Close() error {
+	var err error
+	if d.write {
+		err = d.f.Sync()
+	}
+	if cerr := d.f.Close(); err == nil {
+		err = cerr
 	}
 	return err
 }

@@ -141,6 +141,58 @@ func TestChangeMounted(t *testing.T) {
 	}
 }
 
+// TestImportExportMounted: import and export given a mount point, or the
+// mounted store's path, go through the mount's files: the disk shows at
+// once, holes stay holes, and what is exported is what was imported.
+func TestImportExportMounted(t *testing.T) {
+	store := newStore(t)
+	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
+	src := filepath.Join(t.TempDir(), "src.raw")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(1<<20, 42)
+	for _, off := range []int64{0, 3 << 20} {
+		if _, err := f.WriteAt(data, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(6 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	want := readFileT(t, src)
+	for i, arg := range []string{mnt, store} {
+		name := []string{"a.raw", "b.raw"}[i]
+		r := mustRun(t, "import", "--mode", "0600", arg, name, src)
+		if !strings.Contains(r.stdout, "imported "+src+" as "+name+": 6 MiB disk") {
+			t.Errorf("import %s said %q", arg, r.stdout)
+		}
+		if got := readFileT(t, filepath.Join(mnt, name)); string(got) != string(want) {
+			t.Errorf("%s on the mount does not read as %s", name, src)
+		}
+		d := diskByName(t, mnt, name)
+		if d.Size != 6<<20 || d.Allocated != 2<<20 || d.Mode != "0600" {
+			t.Errorf("%s imported through %s: %+v; want 6 MiB, 2 MiB allocated, mode 0600", name, arg, d)
+		}
+		dst := filepath.Join(t.TempDir(), "dst.raw")
+		mustRun(t, "export", arg, name, dst)
+		if got := readFileT(t, dst); string(got) != string(want) {
+			t.Errorf("export of %s through %s differs from what was imported", name, arg)
+		}
+	}
+	wantFail(t, exitFailure, []string{"exists"}, "import", mnt, "a.raw", src)
+	wantFail(t, exitFailure, []string{"no such file"}, "export", mnt, "none.raw", filepath.Join(t.TempDir(), "x"))
+	mustRun(t, "umount", mnt)
+	if res := <-exit; res.code != 0 {
+		t.Fatalf("mount exited %d: %s", res.code, res.stderr)
+	}
+	if d := diskByName(t, store, "b.raw"); d.Size != 6<<20 || d.Allocated != 2<<20 {
+		t.Errorf("b.raw after the unmount: %+v", d)
+	}
+}
+
 // TestMountOf: a directory that is not a mount point, and a store nothing
 // mounts, are taken offline.
 func TestMountOf(t *testing.T) {
@@ -162,7 +214,7 @@ func TestCatalogDaemon(t *testing.T) {
 	bin := vdiskBinary(t)
 	store := newStore(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	pid := startDaemon(t, bin, store, mnt)
+	startDaemon(t, bin, store, mnt)
 	if err := os.WriteFile(filepath.Join(mnt, "a.raw"), randomBytes(1<<20, 41), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +226,7 @@ func TestCatalogDaemon(t *testing.T) {
 	}
 	mustRun(t, "create", store, "b.raw", "1M")
 	mustRun(t, "umount", mnt) // commits b.raw's creation: the kill below loses nothing
-	pid = startDaemon(t, bin, store, mnt)
-	killDaemon(t, pid)
+	killDaemon(t, startDaemon(t, bin, store, mnt))
 	if ds := listDisks(t, store); len(ds) != 2 || ds[1].Name != "b.raw" {
 		t.Errorf("ls --json STORE after its daemon was killed: %+v", ds)
 	}

@@ -30,8 +30,12 @@ would), and the disk shows there at once.`,
 				return err
 			}
 			defer e.closeAccess(a, &err)
-			if err := a.Create(args[1], size, uint32(mode)); err != nil {
+			d, err := a.Create(args[1], size, uint32(mode))
+			if err != nil {
 				return err
+			}
+			if err := d.Close(); err != nil {
+				return fmt.Errorf("create %s: %w", args[1], err)
 			}
 			fmt.Fprintf(e.stdout, "created %s: %s\n", args[1], formatSizeExact(size))
 			return nil
