@@ -8,17 +8,24 @@ package telemetry
 //	GET  /info    200, a StoreInfo
 //	POST /check   200, the image.Report of image.Store.Check, run now on
 //	              the mounted store (it stops writers while it runs)
+//	POST /defrag?disk=NAME
+//	              200, the image.DefragResult of image.Store.Defrag,
+//	              once the disk is moved and committed
 //
-// Every admitted peer may ask these (peer.go): they read the store's
-// metadata, never a disk's data, and GET /stats names every disk and its
-// size to the same peers already. Disks are created, removed, renamed and
-// resized through the mount itself, which is what the kernel sees and
-// where its permission checks apply; there is no endpoint for them.
+// Every admitted peer may list, describe and check (peer.go): they read
+// the store's metadata, never a disk's data, and GET /stats names every
+// disk and its size to the same peers already. Defrag needs the peer to
+// be allowed to read the disk: it moves the disk's blocks without changing
+// a byte, costing the I/O of reading and writing it. Disks are created,
+// removed, renamed, resized, imported and exported through the mount
+// itself, which is what the kernel sees and where its permission checks
+// apply; there is no endpoint for them.
 
 import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/vdiskfs/vdiskfs/image"
@@ -40,6 +47,14 @@ func handleCatalog(mux *http.ServeMux, ctl Controller) {
 	})
 	mux.HandleFunc("POST /check", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, ctl.Check())
+	})
+	mux.HandleFunc("POST /defrag", func(w http.ResponseWriter, r *http.Request) {
+		res, err := ctl.Defrag(r.URL.Query().Get("disk"))
+		if err != nil {
+			http.Error(w, err.Error(), statusOf(err))
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
 	})
 }
 
@@ -76,6 +91,15 @@ func Check(mountpoint string) (*image.Report, error) {
 	return &rep, nil
 }
 
+// Defrag moves the disk called disk of the store mounted at mountpoint
+// into contiguous blocks (image.Store.Defrag), through the mount's socket,
+// and returns once that is committed. It waits as long as the copy takes.
+func Defrag(mountpoint, disk string) (image.DefragResult, error) {
+	var res image.DefragResult
+	err := getJSON(mountpoint, http.MethodPost, "defrag?disk="+url.QueryEscape(disk), 0, &res)
+	return res, err
+}
+
 // getJSON makes the request method /what of the mount's socket and decodes
 // its JSON answer into v, waiting at most timeout (0: as long as it takes).
 func getJSON(mountpoint, method, what string, timeout time.Duration, v any) error {
@@ -93,7 +117,7 @@ func getJSON(mountpoint, method, what string, timeout time.Duration, v any) erro
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s of %s: %w", what, abs, errorOf(resp))
+		return errorOf(resp)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		return fmt.Errorf("%s of %s: %w", what, abs, err)

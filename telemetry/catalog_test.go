@@ -6,13 +6,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/image"
 )
 
-// GET /disks, GET /info and POST /check on the socket answer what the
-// store says of itself; the metrics handler, which the TCP listener
+// GET /disks, GET /info, POST /check and POST /defrag on the socket
+// answer what the store says of itself; the metrics handler, which the TCP listener
 // serves, has none of them.
 func TestCatalogThroughSocket(t *testing.T) {
 	src := newSource(t)
@@ -55,10 +56,17 @@ func TestCatalogThroughSocket(t *testing.T) {
 	if !rep.Clean() || rep.Disks != 2 || rep.MappedBlocks == 0 || rep.DataBlocks == 0 {
 		t.Errorf("Check: %+v", rep)
 	}
-	for _, path := range []string{"/disks", "/info", "/check"} {
+	res, err := Defrag(mnt, "vm.raw")
+	if err != nil || res.Name != "vm.raw" || res.Skipped != image.DefragContiguous || res.MappedBytes != 4<<20 {
+		t.Errorf("Defrag: %+v, %v", res, err)
+	}
+	if _, err := Defrag(mnt, "none.raw"); !errors.Is(err, image.ErrNotExist) || !strings.Contains(err.Error(), "none.raw") {
+		t.Errorf("Defrag of a missing disk: %v", err)
+	}
+	for _, path := range []string{"/disks", "/info", "/check", "/defrag?disk=vm.raw"} {
 		rec := httptest.NewRecorder()
 		method := http.MethodGet
-		if path == "/check" {
+		if path != "/disks" && path != "/info" {
 			method = http.MethodPost
 		}
 		Handler(src, mnt, "").ServeHTTP(rec, httptest.NewRequest(method, path, nil))

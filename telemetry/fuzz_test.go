@@ -120,6 +120,13 @@ func (c *fakeControl) Info() image.Info     { return image.Info{Disks: len(c.dis
 func (c *fakeControl) Version() int         { return 2 }
 func (c *fakeControl) Check() *image.Report { return &image.Report{Disks: len(c.disks)} }
 
+func (c *fakeControl) Defrag(name string) (image.DefragResult, error) {
+	if _, err := c.read(name); err != nil {
+		return image.DefragResult{}, err
+	}
+	return image.DefragResult{Name: name, Skipped: image.DefragContiguous}, nil
+}
+
 // emptySource is a Source with no figures.
 type emptySource struct{}
 
@@ -169,6 +176,10 @@ func FuzzControlRequest(f *testing.F) {
 		{"GET", "/info", "", 2000, 2000},
 		{"POST", "/check", "", 1000, 100},
 		{"GET", "/check", "", 1000, 1000},
+		{"POST", "/defrag?disk=pub.raw", "", 1001, 100},
+		{"POST", "/defrag?disk=priv.raw", "", 1001, 100},
+		{"POST", "/defrag?disk=none.raw", "", 1000, 1000},
+		{"POST", "/defrag", "", 1000, 1000},
 		{"DELETE", "/", "", 1000, 1000},
 		{"GET", "/nothing?%zz", "", 1000, 1000},
 	} {

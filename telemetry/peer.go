@@ -26,7 +26,9 @@ package telemetry
 // owners and allocation, which are metadata (names, sizes and which
 // blocks are allocated are not secret, even of an encrypted disk); GET
 // /stats shows the names and sizes to the same peers, and a mount with
-// allow_other shows all of it to every user.
+// allow_other shows all of it to every user. Defrag needs to read its
+// disk: it changes no byte of it, but costs the I/O of reading and
+// rewriting all of it, which only a peer that could read it may cause.
 
 import (
 	"context"
@@ -303,6 +305,13 @@ func (g guard) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (tra
 		o.UID, o.GID = &uid, &gid
 	}
 	return g.Controller.Receive(r, name, o)
+}
+
+func (g guard) Defrag(name string) (image.DefragResult, error) {
+	if err := g.readable(name); err != nil {
+		return image.DefragResult{}, err
+	}
+	return g.Controller.Defrag(name)
 }
 
 var _ Controller = guard{}

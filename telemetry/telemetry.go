@@ -92,6 +92,9 @@ type Controller interface {
 	Version() int
 	// Check checks the whole store as it is now (image.Store.Check).
 	Check() *image.Report
+	// Defrag moves the disk called name into contiguous blocks
+	// (image.Store.Defrag) while it may be in use.
+	Defrag(name string) (image.DefragResult, error)
 }
 
 // SnapshotRequest is the body of POST /snapshot.

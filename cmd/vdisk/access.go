@@ -2,8 +2,8 @@ package main
 
 // One way for a command to reach a store, mounted or not.
 //
-// ls, info, fsck, create, rm, rename, resize, import and export take a
-// store's path or the mount point of a mounted store. openAccess decides
+// ls, info, fsck, create, rm, rename, resize, import, export and defrag
+// take a store's path or the mount point of a mounted store. openAccess decides
 // from the argument:
 //
 //   - a vdiskfs mount point: the store is mounted, and the command goes
@@ -15,14 +15,13 @@ package main
 //   - anything else: the command opens the store itself (a store held by
 //     any other process is refused as locked, naming the holder).
 //
-// Through a mount, what reads the catalog (ls, info, fsck's check) asks
-// the daemon through the mount's control socket (telemetry.List, Info,
-// Check), and disks are changed and read on the mount's files (create and
+// Through a mount, what reads the catalog (ls, info, fsck's check) and
+// defrag ask the daemon through the mount's control socket (telemetry.List,
+// Info, Check, Defrag), and disks are changed and read on the mount's files (create and
 // ftruncate, unlink, rename, truncate; import writes and fsyncs the file
 // it created, export reads its data regions): that is what the kernel
 // sees, so its caches stay right, and the mount's permission checks apply
-// to the caller. defrag, upgrade and format still need the store
-// unmounted. A repair needs the store
+// to the caller. upgrade and format still need the store unmounted. A repair needs the store
 // unmounted: fsck --repair on a mounted store is refused, saying so.
 
 import (
@@ -63,6 +62,9 @@ type storeAccess interface {
 	Size(name string) (int64, error)
 	// Resize sets the size of disk name.
 	Resize(name string, size int64) error
+	// Defrag moves disk name into contiguous blocks (image.Store.Defrag);
+	// progress, when not nil, is told how far the copy is (offline only).
+	Defrag(name string, progress func(done, total uint64)) (image.DefragResult, error)
 	// Close lets go of the store: an offline store is committed and
 	// closed.
 	Close() error
@@ -194,6 +196,10 @@ func (o offlineStore) Resize(name string, size int64) (err error) {
 		}
 	}()
 	return d.Truncate(size)
+}
+
+func (o offlineStore) Defrag(name string, progress func(done, total uint64)) (image.DefragResult, error) {
+	return o.s.Defrag(name, progress)
 }
 
 func (o offlineStore) Close() error { return o.s.Close() }
@@ -332,6 +338,13 @@ func (m mountedStore) Resize(name string, size int64) error {
 		return err
 	}
 	return os.Truncate(p, size)
+}
+
+// Defrag asks the daemon, which moves the blocks under the disk's range
+// lock while the disk may be in use; the bytes do not change, so the
+// kernel's caches stay right.
+func (m mountedStore) Defrag(name string, _ func(done, total uint64)) (image.DefragResult, error) {
+	return telemetry.Defrag(m.mnt, name)
 }
 
 func (m mountedStore) Close() error { return nil }
