@@ -235,3 +235,33 @@ func TestCatalogDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFsckMountedLeak: fsck of a mounted store with leaked blocks (the
+// leak fixture) exits 2 as offline, and says how to repair it; --repair is
+// refused while it is mounted and repairs it once it is not.
+func TestFsckMountedLeak(t *testing.T) {
+	store := unpackFixture(t, "leak")
+	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
+	r := wantFail(t, exitLeaks, nil, "fsck", mnt)
+	for _, want := range []string{"mounted at " + mnt, "leaked-blocks", "result: only leaked blocks", "(exit 2)",
+		"to repair: vdisk umount " + mnt + ", then vdisk fsck --repair " + store} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("fsck of a mounted store with a leak lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if res, code := fsckJSON(t, store); code != exitLeaks || !hasCode(res, "leaked-blocks") || res.Mountpoint != mnt {
+		t.Errorf("fsck --json STORE: exit %d: %+v", code, res)
+	}
+	wantFail(t, exitFailure, []string{"a repair needs it unmounted"}, "fsck", "--repair", mnt)
+	mustRun(t, "umount", mnt)
+	if res := <-exit; res.code != 0 {
+		t.Fatalf("mount exited %d: %s", res.code, res.stderr)
+	}
+	// The mount's read-write open may have reclaimed the leak already.
+	if _, code := fsckJSON(t, store, "--repair"); code != exitRepaired && code != exitOK {
+		t.Fatalf("fsck --repair after the unmount: exit %d", code)
+	}
+	if res, code := fsckJSON(t, store); code != exitOK {
+		t.Fatalf("fsck after the repair: exit %d: %+v", code, res.Findings)
+	}
+}
