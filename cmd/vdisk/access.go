@@ -3,26 +3,28 @@ package main
 // One way for a command to reach a store, mounted or not.
 //
 // ls, info, fsck, create, rm, rename, resize, import, export and defrag
-// take a store's path or the mount point of a mounted store. openAccess decides
-// from the argument:
+// take a store's path or the mount point of a mounted store. openAccess
+// decides from the argument:
 //
 //   - a vdiskfs mount point: the store is mounted, and the command goes
 //     through the mount;
 //   - the path of a store that a live daemon has mounted in this mount
-//     namespace (the mount's source is the store: /proc/self/mountinfo,
-//     and the store's owner record names a running mount daemon): the
-//     same, through that mount;
+//     namespace (a vdiskfs mount's source is the store, in
+//     /proc/self/mountinfo, and the store's owner record names a running
+//     mount daemon that has it mounted there): the same, through that
+//     mount;
 //   - anything else: the command opens the store itself (a store held by
 //     any other process is refused as locked, naming the holder).
 //
-// Through a mount, what reads the catalog (ls, info, fsck's check) and
-// defrag ask the daemon through the mount's control socket (telemetry.List,
-// Info, Check, Defrag), and disks are changed and read on the mount's files (create and
-// ftruncate, unlink, rename, truncate; import writes and fsyncs the file
-// it created, export reads its data regions): that is what the kernel
-// sees, so its caches stay right, and the mount's permission checks apply
-// to the caller. upgrade and format still need the store unmounted. A repair needs the store
-// unmounted: fsck --repair on a mounted store is refused, saying so.
+// Through a mount, the catalog (ls, info, fsck's check) and defrag are
+// asked of the daemon through the mount's control socket (telemetry.List,
+// Info, Check, Defrag), and disks are changed and read on the mount's
+// files (create and ftruncate, unlink, rename, truncate; import writes and
+// fsyncs the file it created, export reads its data regions): that is what
+// the kernel sees, so its caches stay right, and the mount's permission
+// checks apply to the caller. A repair needs the store unmounted: fsck
+// --repair on a mounted store is refused, saying so. upgrade and format
+// need it unmounted too.
 
 import (
 	"errors"
@@ -34,7 +36,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vdiskfs/vdiskfs/image"
-	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/telemetry"
 )
 
@@ -93,17 +94,30 @@ type diskData interface {
 func mountOf(arg string) (mnt, store string, ok bool) {
 	if abs, err := canonicalMountpoint(arg); err == nil {
 		if m, found, err := findMount(abs); err == nil && found {
-			return abs, m.source, isVdiskMount(m)
+			if !isVdiskMount(m) {
+				return "", "", false
+			}
+			return abs, m.source, true
 		}
 	}
-	at, ok := mountedAt(arg) // a mount daemon on this host holds it, mounted
-	if !ok {
+	// Only a store that a vdiskfs mount here names as its source is asked
+	// for its owner record: the common case, a store nothing mounts, costs
+	// one read of the mount table.
+	mnt, found, err := storeMountpoint(0, arg)
+	if err != nil || !found {
 		return "", "", false
 	}
-	if m, found, err := findMount(at); err == nil && found && isVdiskMount(m) && backend.SameStore(m.source, arg) {
-		return at, m.source, true
+	// A dead daemon's mount still names the store, but holds it no more:
+	// the store is opened then. A daemon in another mount namespace names
+	// another mount point, whose socket is not this one's.
+	if at, live := mountedAt(arg); !live || at != mnt {
+		return "", "", false
 	}
-	return "", "", false // mounted in another mount namespace: out of reach
+	m, _, err := findMount(mnt)
+	if err != nil {
+		return "", "", false
+	}
+	return mnt, m.source, true
 }
 
 // openAccess returns how command cmd reaches the store arg names (the top
@@ -161,13 +175,6 @@ func (o offlineStore) Open(name string) (diskData, error) {
 	return offlineDisk{d}, nil
 }
 
-// offlineDisk is a disk of a store this process opened.
-type offlineDisk struct{ *image.Disk }
-
-func (d offlineDisk) Regions(fn func(start, end int64) error) error {
-	return diskDataRegions(d.Disk, fn)
-}
-
 func (o offlineStore) Remove(name string) error { return o.s.Remove(name) }
 
 func (o offlineStore) Rename(old, new string, replace bool) error {
@@ -203,6 +210,13 @@ func (o offlineStore) Defrag(name string, progress func(done, total uint64)) (im
 }
 
 func (o offlineStore) Close() error { return o.s.Close() }
+
+// offlineDisk is a disk of a store this process opened.
+type offlineDisk struct{ *image.Disk }
+
+func (d offlineDisk) Regions(fn func(start, end int64) error) error {
+	return diskDataRegions(d.Disk, fn)
+}
 
 // mountedStore is a store served by a daemon at mnt: the catalog is read
 // through the mount's socket, changes are made on the mount's files.
