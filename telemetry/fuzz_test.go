@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"testing"
 
@@ -105,6 +106,27 @@ func (c *fakeControl) Receive(r io.Reader, name string, _ transfer.ReceiveOption
 	return transfer.Stats{}, nil
 }
 
+// List, Info, Version and Check read no disk's data: the guard lets every
+// admitted peer ask them.
+func (c *fakeControl) List() []image.DiskInfo {
+	out := make([]image.DiskInfo, 0, len(c.disks))
+	for _, d := range c.disks {
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+func (c *fakeControl) Info() image.Info     { return image.Info{Disks: len(c.disks)} }
+func (c *fakeControl) Version() int         { return 2 }
+func (c *fakeControl) Check() *image.Report { return &image.Report{Disks: len(c.disks)} }
+
+func (c *fakeControl) Defrag(name string) (image.DefragResult, error) {
+	if _, err := c.read(name); err != nil {
+		return image.DefragResult{}, err
+	}
+	return image.DefragResult{Name: name, Skipped: image.DefragContiguous}, nil
+}
+
 // emptySource is a Source with no figures.
 type emptySource struct{}
 
@@ -150,6 +172,14 @@ func FuzzControlRequest(f *testing.F) {
 		{"PUT", "/send?disk=pub.raw", "", 1000, 1000},
 		{"GET", "//send/../send?disk=priv.raw", "", 1001, 100},
 		{"GET", "/%73end?disk=priv.raw", "", 1001, 100},
+		{"GET", "/disks", "", 1001, 100},
+		{"GET", "/info", "", 2000, 2000},
+		{"POST", "/check", "", 1000, 100},
+		{"GET", "/check", "", 1000, 1000},
+		{"POST", "/defrag?disk=pub.raw", "", 1001, 100},
+		{"POST", "/defrag?disk=priv.raw", "", 1001, 100},
+		{"POST", "/defrag?disk=none.raw", "", 1000, 1000},
+		{"POST", "/defrag", "", 1000, 1000},
 		{"DELETE", "/", "", 1000, 1000},
 		{"GET", "/nothing?%zz", "", 1000, 1000},
 	} {

@@ -21,7 +21,14 @@ package telemetry
 // keeps the source's mode and owner, so it would not show the data to the
 // peer, but it would keep it alive under a name the source's owner does
 // not know of, past the source's deletion. Receive and sync read no disk
-// and are open to every admitted peer.
+// and are open to every admitted peer. So are listing the disks, the
+// store's info and a check (catalog.go): they show names, sizes, modes,
+// owners and allocation, which are metadata (names, sizes and which
+// blocks are allocated are not secret, even of an encrypted disk); GET
+// /stats shows the names and sizes to the same peers, and a mount with
+// allow_other shows all of it to every user. Defrag needs to read its
+// disk: it changes no byte of it, but costs the I/O of reading and
+// rewriting all of it, which only a peer that could read it may cause.
 
 import (
 	"context"
@@ -211,7 +218,8 @@ func (s socketHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // guard is a Controller for one peer: it refuses to read a disk the peer
 // may not read (the top of this file), and gives a disk a peer receives
 // to that peer unless the peer is root (Receive). The requests that read
-// no disk (Sync, Stat) go through to the embedded Controller as they are.
+// no disk's data (Sync, Stat, List, Info, Version, Check) go through to the
+// embedded Controller as they are.
 type guard struct {
 	Controller
 	peer Peer
@@ -297,6 +305,13 @@ func (g guard) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (tra
 		o.UID, o.GID = &uid, &gid
 	}
 	return g.Controller.Receive(r, name, o)
+}
+
+func (g guard) Defrag(name string) (image.DefragResult, error) {
+	if err := g.readable(name); err != nil {
+		return image.DefragResult{}, err
+	}
+	return g.Controller.Defrag(name)
 }
 
 var _ Controller = guard{}

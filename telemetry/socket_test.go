@@ -271,7 +271,9 @@ func TestPeerCheck(t *testing.T) {
 // With a socket group the socket is 0660 and the group's, whatever the
 // umask, and the directory lets the group search it; a member (by
 // effective or by supplementary group) is admitted, but reads only the
-// disks whose mode lets it: 403 on /send of a 0600 disk.
+// disks whose mode lets it: 403 on /send or /defrag of a 0600 disk; it
+// may list the disks, see the store's info and check it (metadata,
+// catalog.go).
 func TestSocketGroup(t *testing.T) {
 	bin := peerBinary(t)
 	withUmask(t, 0)
@@ -299,8 +301,11 @@ func TestSocketGroup(t *testing.T) {
 		t.Errorf("socket directory: mode %v, want 0711", m)
 	}
 	reqs := []string{"GET /stats", "GET /send?disk=secret.raw", "GET /send?disk=vm.raw",
-		"GET /send?disk=vm-snap.raw&from=secret.raw", "GET /diff?old=vm.raw&new=secret.raw", "HEAD /send?disk=secret.raw"}
-	want := []string{"200", "403", "200", "403", "403", "403"}
+		"GET /send?disk=vm-snap.raw&from=secret.raw", "GET /diff?old=vm.raw&new=secret.raw", "HEAD /send?disk=secret.raw",
+		"GET /disks", "GET /info", "POST /check", "POST /defrag?disk=secret.raw", "POST /defrag?disk=vm.raw"}
+	// The catalog is metadata: a member lists every disk, secret.raw too;
+	// defrag needs read permission.
+	want := []string{"200", "403", "200", "403", "403", "403", "200", "200", "200", "403", "200"}
 	for _, who := range []struct {
 		name   string
 		gid    uint32

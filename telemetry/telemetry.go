@@ -4,8 +4,9 @@
 // stats need no flags at mount time. The socket also takes the few requests
 // an operator makes of a running mount (`vdisk sync MNT`: POST /sync;
 // `vdisk snapshot MNT/DISK NAME` and `vdisk clone MNT/DISK NAME`: POST
-// /snapshot; diff, send and receive); the TCP listener never
-// does: it has no authentication, and these change the store.
+// /snapshot; diff, send and receive; ls, info and fsck: catalog.go); the
+// TCP listener never does: it has no authentication, and most of these
+// change the store.
 //
 // The socket admits only root, the daemon's user and, when configured,
 // the members of one group: its mode is 0600 (0660 with a group), it lives
@@ -83,6 +84,17 @@ type Controller interface {
 	// with o's mode and owner when given; it is durable and shows in the
 	// mount when Receive returns.
 	Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error)
+	// List lists every disk, sorted by name (image.Store.List).
+	List() []image.DiskInfo
+	// Info describes the store (image.Store.Info).
+	Info() image.Info
+	// Version is the store's format version (image.Store.Version).
+	Version() int
+	// Check checks the whole store as it is now (image.Store.Check).
+	Check() *image.Report
+	// Defrag moves the disk called name into contiguous blocks
+	// (image.Store.Defrag) while it may be in use.
+	Defrag(name string) (image.DefragResult, error)
 }
 
 // SnapshotRequest is the body of POST /snapshot.
@@ -256,6 +268,7 @@ func withControl(h http.Handler, ctl Controller) http.Handler {
 		json.NewEncoder(w).Encode(SnapshotReply{Name: info.Name, ID: info.ID, Size: info.Size, Origin: req.Disk})
 	})
 	handleTransfers(mux, ctl)
+	handleCatalog(mux, ctl)
 	return mux
 }
 

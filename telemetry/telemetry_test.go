@@ -54,6 +54,13 @@ func (s storeSource) Send(w io.Writer, disk, from string) (transfer.Stats, error
 func (s storeSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error) {
 	return transfer.Receive(r, s.s, name, o)
 }
+func (s storeSource) List() []image.DiskInfo { return s.s.List() }
+func (s storeSource) Info() image.Info       { return s.s.Info() }
+func (s storeSource) Version() int           { return s.s.Version() }
+func (s storeSource) Check() *image.Report   { return s.s.Check() }
+func (s storeSource) Defrag(name string) (image.DefragResult, error) {
+	return s.s.Defrag(name, nil)
+}
 
 func newSource(t *testing.T) storeSource {
 	mem := backend.NewMem(64 << 20)

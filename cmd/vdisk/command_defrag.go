@@ -29,7 +29,7 @@ type defragEntry struct {
 func newDefragCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "defrag STORE [NAME...]",
+		Use:   "defrag STORE|MOUNTPOINT [NAME...]",
 		Short: "Rewrite fragmented disks into contiguous extents",
 		Long: `Defrag moves the data of each named disk (of every disk when no name is given)
 into one contiguous run of free blocks, so that sequential reads of it reach
@@ -45,12 +45,19 @@ When no free run holds a disk, it goes to the largest ones and the output
 says how many; the blocks it left are free afterwards, so a second defrag
 may join those runs.
 
-Defrag works offline: it refuses a mounted store. It prints a line per disk
-(extents before and after, average extent size, bytes moved) and shows a
-progress bar when stderr is a terminal. A disk that fails is reported and
-the others are still defragmented; the exit code is then 8.`,
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, the daemon defragments each disk while it may be in use (each
+part under the disk's range lock, ordered with the disk's own requests;
+no byte changes; a user other than root needs read permission on the
+disk).
+
+Defrag prints a line per disk (extents before and after, average extent
+size, bytes moved) and, offline, shows a progress bar when stderr is a
+terminal. A disk that fails is reported and the others are still
+defragmented; the exit code is then 8.`,
 		Example: `  vdisk defrag /srv/vdisks.img
-  vdisk defrag --json /srv/vdisks.img vm1.raw`,
+  vdisk defrag --json /srv/vdisks.img vm1.raw
+  vdisk defrag /mnt/vdisks vm1.raw`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 1 {
 				return fmt.Errorf("%s takes a store and optionally disk names, got no arguments", cmd.CommandPath())
@@ -66,16 +73,20 @@ the others are still defragmented; the exit code is then 8.`,
 }
 
 func runDefrag(e *env, path string, names []string, asJSON bool) (err error) {
-	s, err := e.openStore(path, "defrag", false)
+	a, err := e.openAccess(path, "defrag", false)
 	if errors.Is(err, backend.ErrLocked) {
-		return fmt.Errorf("%w; defrag needs the store to itself: unmount it (vdisk umount) or stop its holder first", err)
+		return fmt.Errorf("%w; defrag needs the store to itself, or its mount: unmount it (vdisk umount) or stop its holder first, or give the mount point of a vdiskfs mount of it", err)
 	}
 	if err != nil {
 		return err
 	}
-	defer e.closeStore(s, &err)
+	defer e.closeAccess(a, &err)
 	if len(names) == 0 {
-		for _, d := range s.List() {
+		disks, err := a.List()
+		if err != nil {
+			return err
+		}
+		for _, d := range disks {
 			names = append(names, d.Name)
 		}
 		if len(names) == 0 && !asJSON {
@@ -85,7 +96,7 @@ func runDefrag(e *env, path string, names []string, asJSON bool) (err error) {
 	entries := make([]defragEntry, 0, len(names))
 	var errs []error
 	for _, name := range names {
-		res, err := defragWithProgress(e, s, name)
+		res, err := defragWithProgress(e, a, name)
 		entry := defragEntryOf(res)
 		if err != nil {
 			errs = append(errs, err)
@@ -104,11 +115,12 @@ func runDefrag(e *env, path string, names []string, asJSON bool) (err error) {
 	return errors.Join(errs...)
 }
 
-// defragWithProgress runs Store.Defrag on one disk with a progress bar,
-// shown once there is something to copy.
-func defragWithProgress(e *env, s *image.Store, name string) (image.DefragResult, error) {
+// defragWithProgress defragments one disk with a progress bar, shown once
+// there is something to copy (offline: the daemon of a mount reports no
+// progress).
+func defragWithProgress(e *env, a storeAccess, name string) (image.DefragResult, error) {
 	var bar *progress
-	res, err := s.Defrag(name, func(done, total uint64) {
+	res, err := a.Defrag(name, func(done, total uint64) {
 		if bar == nil {
 			bar = e.newProgress(int64(total), "defrag "+name)
 		}

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/image"
-	"golang.org/x/sys/unix"
 )
 
 // fragmentedStore makes a store whose disk a.raw has an extent for about
@@ -114,19 +113,42 @@ func TestDefrag(t *testing.T) {
 	wantFail(t, exitFailure, []string{"no such disk"}, "defrag", store, "b.raw")
 }
 
-// TestDefragRefusesMountedStore: defrag works offline; on a mounted store
-// it fails with exit 8, naming the mount and saying to unmount it.
-func TestDefragRefusesMountedStore(t *testing.T) {
-	store := newStore(t)
-	mustRun(t, "create", store, "a.raw", "1M")
+// TestDefragMounted: defrag of a mounted store (given its path, or its
+// mount point) goes through the daemon: the disk becomes one extent while
+// the mount serves it and reads the same bytes through the mount, during
+// and after; fsck is clean after the unmount.
+func TestDefragMounted(t *testing.T) {
+	const blocks = 1024
+	store, data := fragmentedStore(t, blocks)
+	before := diskByName(t, store, "a.raw")
 	mnt, exit := mountInProcess(t, store, filepath.Join(t.TempDir(), "mnt"))
-	r := wantFail(t, exitFailure, []string{"locked", "vdisk mount", "unmount it"}, "defrag", store)
-	t.Logf("vdisk defrag on a mounted store: %s", r.stderr)
-	if err := unix.Unmount(mnt, 0); err != nil {
-		t.Fatal(err)
+	if got := readFileT(t, filepath.Join(mnt, "a.raw")); !bytes.Equal(got, data) { // the kernel caches some of it now
+		t.Fatal("a.raw reads other bytes through the mount")
 	}
+	want := fmt.Sprintf("a.raw: %d → 1 extent, average extent %s → 4 MiB, moved 4 MiB\n", before.Extents, formatSize(before.AvgExtent))
+	if out := mustRun(t, "defrag", store).stdout; out != want {
+		t.Errorf("defrag of the mounted store printed %q, want %q", out, want)
+	}
+	if d := diskByName(t, mnt, "a.raw"); d.Extents != 1 || d.Allocated != before.Allocated {
+		t.Errorf("after defrag through the mount: %+v", d)
+	}
+	if got := readFileT(t, filepath.Join(mnt, "a.raw")); !bytes.Equal(got, data) {
+		t.Fatal("a.raw reads other bytes through the mount after defrag")
+	}
+	if out := mustRun(t, "defrag", mnt).stdout; !strings.Contains(out, "a.raw: already contiguous") {
+		t.Errorf("second defrag printed %q", out)
+	}
+	wantFail(t, exitFailure, []string{"no such disk"}, "defrag", mnt, "b.raw")
+	mustRun(t, "umount", mnt)
 	if res := <-exit; res.code != 0 {
 		t.Fatalf("mount exited %d: %s", res.code, res.stderr)
 	}
-	mustRun(t, "defrag", store)
+	if res, code := fsckJSON(t, store); code != exitOK {
+		t.Fatalf("fsck after defrag on the mount: exit %d: %+v", code, res.Findings)
+	}
+	dst := filepath.Join(t.TempDir(), "a.raw")
+	mustRun(t, "export", store, "a.raw", dst)
+	if !bytes.Equal(readFileT(t, dst), data) {
+		t.Fatal("a.raw reads other bytes after the unmount")
+	}
 }

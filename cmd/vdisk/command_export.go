@@ -8,21 +8,26 @@ import (
 
 	"github.com/ncw/directio"
 	"github.com/spf13/cobra"
-	"github.com/vdiskfs/vdiskfs/image"
 	"golang.org/x/sys/unix"
 )
 
 func newExportCmd(e *env) *cobra.Command {
 	return &cobra.Command{
-		Use:   "export STORE NAME DST",
+		Use:   "export STORE|MOUNTPOINT NAME DST",
 		Short: "Copy a disk out to a sparse raw image file",
 		Long: `Export writes disk NAME to the regular file DST (created, or truncated if it
 exists) as a raw image of the disk's size. Only the disk's data is written,
 and blocks of zeros inside it are skipped, so DST is as sparse as the disk.
 DST is synced before export returns. A progress bar is shown when stderr is
-a terminal.`,
-		Example: "  vdisk export /srv/vdisks.img vm1.raw ./vm1-backup.raw",
-		Args:    exactArgs("STORE", "NAME", "DST"),
+a terminal.
+
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, export reads the disk's file on the mount (its data regions, as
+SEEK_DATA and SEEK_HOLE find them). A disk in use is read as it changes:
+export a snapshot of it (vdisk snapshot) for a consistent copy.`,
+		Example: `  vdisk export /srv/vdisks.img vm1.raw ./vm1-backup.raw
+  vdisk export /mnt/vdisks vm1-snap ./vm1-backup.raw`,
+		Args: exactArgs("STORE", "NAME", "DST"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runExport(e, args[0], args[1], args[2])
 		},
@@ -36,16 +41,20 @@ func runExport(e *env, storePath, name, dstPath string) (err error) {
 	if st, err := os.Stat(dstPath); err == nil && !st.Mode().IsRegular() {
 		return fmt.Errorf("export: %s is not a regular file", dstPath)
 	}
-	s, err := e.openStore(storePath, "export", true)
+	a, err := e.openAccess(storePath, "export", true)
 	if err != nil {
 		return err
 	}
-	defer e.closeStore(s, &err)
-	d, err := s.OpenDisk(name)
+	defer e.closeAccess(a, &err)
+	d, err := a.Open(name)
 	if err != nil {
 		return err
 	}
-	defer e.closeDisk(d, &err)
+	defer func() {
+		if cerr := d.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close disk: %w", cerr)
+		}
+	}()
 
 	_, statErr := os.Stat(dstPath)
 	created := errors.Is(statErr, os.ErrNotExist)
@@ -72,7 +81,7 @@ func runExport(e *env, storePath, name, dstPath string) (err error) {
 
 // copyFromDisk sizes dst like d and writes d's data regions into it, skipping
 // blocks of zeros at the granularity of dst's file system blocks.
-func copyFromDisk(e *env, d *image.Disk, dst *os.File) (int64, error) {
+func copyFromDisk(e *env, d diskData, dst *os.File) (int64, error) {
 	size := d.Size()
 	if err := dst.Truncate(size); err != nil {
 		return 0, err
@@ -86,7 +95,7 @@ func copyFromDisk(e *env, d *image.Disk, dst *os.File) (int64, error) {
 	defer bar.done()
 	buf := directio.AlignedBlock(copyChunk)
 	var written int64
-	err := diskDataRegions(d, func(start, end int64) error {
+	err := d.Regions(func(start, end int64) error {
 		for pos := start; pos < end; {
 			n := min(int64(len(buf)), end-pos)
 			p := buf[:n]

@@ -8,6 +8,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/telemetry"
 )
 
 // codeUnreadable is the finding fsck reports when the store is too damaged
@@ -56,6 +57,9 @@ type fsckCheck struct {
 // did and what a check found after it, and the exit code with its meaning.
 type fsckResult struct {
 	Store string `json:"store"`
+	// Mountpoint is set when the store is mounted: its daemon checked it,
+	// as it is now (fsckMounted).
+	Mountpoint string `json:"mountpoint,omitempty"`
 	fsckCheck
 	// Repaired lists the repair's actions, one sentence each (--repair).
 	Repaired []string `json:"repaired"`
@@ -70,7 +74,7 @@ type fsckResult struct {
 func newFsckCmd(e *env) *cobra.Command {
 	var repair, force, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "fsck STORE",
+		Use:   "fsck STORE|MOUNTPOINT",
 		Short: "Check a store and optionally repair it",
 		Long: `Fsck checks every structure of STORE: superblocks, journal, each disk's name
 and block map, that no two disks share a block, and that the free map holds
@@ -82,8 +86,15 @@ With --repair, fsck first checks read-only, then reopens the store for writing
 and fixes what it found: it never invents data; a range of a disk it cannot
 trust is unmapped (reads zeros) and the output says how much each disk lost.
 
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, fsck asks the daemon to check the store as it is now (writes
+wait while it runs) and reports as above. A repair needs the store
+unmounted, so --repair on a mounted store is refused: vdisk umount it
+first.
+
 Exit codes: 0 clean; 1 findings were repaired; 2 only leaks found (no
---repair); 4 errors left uncorrected; 8 operational error.`,
+--repair); 4 errors left uncorrected; 8 operational error (also: --repair
+of a mounted store).`,
 		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runFsck(e, args[0], repair, force, asJSON)
@@ -96,6 +107,9 @@ Exit codes: 0 clean; 1 findings were repaired; 2 only leaks found (no
 }
 
 func runFsck(e *env, path string, repair, force, asJSON bool) error {
+	if mnt, store, ok := mountOf(path); ok {
+		return fsckMounted(e, mnt, store, repair, asJSON)
+	}
 	res := fsckResult{Store: path, Repaired: []string{}}
 	// Check read-only first, even with --repair: opening for writing heals
 	// some damage on its own (it rewrites both superblock copies and deletes
@@ -154,6 +168,30 @@ func runFsck(e *env, path string, repair, force, asJSON bool) error {
 		closeErr = fmt.Errorf("close store: %w", err)
 	}
 	return finishFsck(e, &res, code, closeErr, asJSON)
+}
+
+// fsckMounted checks the store mounted at mnt through its daemon
+// (telemetry.Check: image.Store.Check on the live store, which holds
+// writes back while it runs) and reports as an offline check does, with
+// the same exit codes. A repair needs the store unmounted: it rewrites
+// metadata the daemon holds in memory. So --repair is refused, saying
+// how to go about it.
+func fsckMounted(e *env, mnt, store string, repair, asJSON bool) error {
+	if repair {
+		return fmt.Errorf("fsck --repair: the store %s is mounted at %s, and a repair needs it unmounted: run vdisk umount %s, then vdisk fsck --repair %s (vdisk fsck %s checks it while mounted)",
+			store, mnt, mnt, store, mnt)
+	}
+	in, err := telemetry.Info(mnt)
+	if err != nil {
+		return err
+	}
+	rep, err := telemetry.Check(mnt)
+	if err != nil {
+		return err
+	}
+	res := fsckResult{Store: store, Mountpoint: mnt, Repaired: []string{}}
+	res.fsckCheck = checkOf(rep, in.Info.BlockSize)
+	return finishFsck(e, &res, checkExitCode(rep), nil, asJSON)
 }
 
 // openForFsck opens the store even when it has fatal findings: read-only,
@@ -240,7 +278,11 @@ func finishFsck(e *env, res *fsckResult, code int, closeErr error, asJSON bool) 
 		}
 	} else {
 		w := e.stdout
-		fmt.Fprintf(w, "checking %s\n", res.Store)
+		if res.Mountpoint != "" {
+			fmt.Fprintf(w, "checking %s, mounted at %s (online: its daemon checks it as it is now)\n", res.Store, res.Mountpoint)
+		} else {
+			fmt.Fprintf(w, "checking %s\n", res.Store)
+		}
 		printCheck(e, "", res.fsckCheck)
 		for _, a := range res.Repaired {
 			fmt.Fprintf(w, "repaired: %s\n", a)
@@ -252,6 +294,9 @@ func finishFsck(e *env, res *fsckResult, code int, closeErr error, asJSON bool) 
 			printCheck(e, "after repair: ", *res.After)
 		}
 		fmt.Fprintf(w, "result: %s (exit %d)\n", res.Result, code)
+		if res.Mountpoint != "" && code != exitOK {
+			fmt.Fprintf(w, "to repair: vdisk umount %s, then vdisk fsck --repair %s\n", res.Mountpoint, res.Store)
+		}
 	}
 	if code == exitOK {
 		return nil

@@ -16,16 +16,21 @@ func newImportCmd(e *env) *cobra.Command {
 	mode := modeValue(0o644)
 	var noSeek bool
 	cmd := &cobra.Command{
-		Use:   "import STORE NAME SRC",
+		Use:   "import STORE|MOUNTPOINT NAME SRC",
 		Short: "Copy a raw image file into a new disk",
 		Long: `Import creates disk NAME with the size of SRC (a raw image file or a block
 device) and copies SRC's data into it. Holes in SRC (found with SEEK_DATA and
 SEEK_HOLE) and blocks of zeros are not copied: the disk reads zeros there
 without using space. A progress bar is shown when stderr is a terminal.
 
-If the copy fails, the new disk is removed.`,
-		Example: "  vdisk import /srv/vdisks.img vm1.raw ./debian-12.raw",
-		Args:    exactArgs("STORE", "NAME", "SRC"),
+If the copy fails, the new disk is removed.
+
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, import creates the disk on the mount and writes it there (and
+fsyncs it), so the disk shows at once.`,
+		Example: `  vdisk import /srv/vdisks.img vm1.raw ./debian-12.raw
+  vdisk import /mnt/vdisks vm2.raw ./debian-12.raw`,
+		Args: exactArgs("STORE", "NAME", "SRC"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runImport(e, args[0], args[1], args[2], size, uint32(mode), !noSeek)
 		},
@@ -67,24 +72,25 @@ func runImport(e *env, storePath, name, srcPath string, size sizeValue, mode uin
 		return fmt.Errorf("import %q: %w", name, err)
 	}
 
-	s, err := e.openStore(storePath, "import", false)
+	a, err := e.openAccess(storePath, "import", false)
 	if err != nil {
 		return err
 	}
-	defer e.closeStore(s, &err)
-	if _, err := s.Create(name, diskSize, image.Attr{Mode: mode, UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}); err != nil {
-		return err
-	}
-	d, err := s.OpenDisk(name)
+	defer e.closeAccess(a, &err)
+	in, err := a.Info()
 	if err != nil {
 		return err
 	}
-	st, err := copyIntoDisk(e, d, src, srcSize, s.BlockSize(), useSeek)
+	d, err := a.Create(name, diskSize, mode)
+	if err != nil {
+		return err
+	}
+	st, err := copyIntoDisk(e, d, src, srcSize, in.Info.BlockSize, useSeek)
 	if cerr := d.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close disk: %w", cerr)
 	}
 	if err != nil {
-		if rerr := s.Remove(name); rerr != nil {
+		if rerr := a.Remove(name); rerr != nil {
 			e.log.WithError(rerr).WithField("disk", name).Error("removing the partly imported disk")
 		}
 		return fmt.Errorf("import %s: %w", srcPath, err)
@@ -96,7 +102,7 @@ func runImport(e *env, storePath, name, srcPath string, size sizeValue, mode uin
 
 // copyIntoDisk copies the data regions of src (size bytes) into d, skipping
 // all-zero blocks of the store's block size bs.
-func copyIntoDisk(e *env, d *image.Disk, src *os.File, size int64, bs int, useSeek bool) (importStats, error) {
+func copyIntoDisk(e *env, d diskData, src *os.File, size int64, bs int, useSeek bool) (importStats, error) {
 	var st importStats
 	bar := e.newProgress(size, "import")
 	defer bar.done()

@@ -44,20 +44,34 @@ type infoJSON struct {
 func newInfoCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "info STORE",
+		Use:   "info STORE|MOUNTPOINT",
 		Short: "Show a store's capacity, use and metadata",
-		Args:  exactArgs("STORE"),
+		Long: `Info shows a store's capacity, use, free space and its largest free extent,
+its disks and how much of what they map is shared, fragmentation (extents
+and their average size), journal, checkpoint and format version.
+
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, info asks the daemon and shows the store as it is now.`,
+		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
-			s, err := e.openStore(args[0], "info", true)
+			a, err := e.openAccess(args[0], "info", true)
 			if err != nil {
 				return err
 			}
-			defer e.closeStore(s, &err)
-			in := s.Info()
+			defer e.closeAccess(a, &err)
+			si, err := a.Info()
+			if err != nil {
+				return err
+			}
+			disks, err := a.List()
+			if err != nil {
+				return err
+			}
+			in := si.Info
 			bs := int64(in.BlockSize)
 			var mapped, shared int64
 			var snapshots, clones int
-			for _, d := range s.List() {
+			for _, d := range disks {
 				mapped += d.Allocated
 				shared += d.Shared
 				if d.Snapshot {
@@ -67,7 +81,7 @@ func newInfoCmd(e *env) *cobra.Command {
 				}
 			}
 			j := infoJSON{
-				UUID: in.UUID, FormatVersion: s.Version(), Backing: in.Backing, StoreSize: in.StoreSize, BlockSize: in.BlockSize,
+				UUID: in.UUID, FormatVersion: si.Version, Backing: in.Backing, StoreSize: in.StoreSize, BlockSize: in.BlockSize,
 				Capacity: in.CapacityBytes, DataBlocks: in.DataBlocks,
 				Used: in.CapacityBytes - in.FreeBytes, Free: in.FreeBytes, FreeBlocks: in.FreeBlocks,
 				LargestFreeExtent: int64(in.LargestFree) * bs,

@@ -48,7 +48,7 @@ func lsEntryOf(d image.DiskInfo) lsEntry {
 func newLsCmd(e *env) *cobra.Command {
 	var asJSON, bytes bool
 	cmd := &cobra.Command{
-		Use:   "ls STORE",
+		Use:   "ls STORE|MOUNTPOINT",
 		Short: "List the disks of a store",
 		Long: `Ls lists the disks of STORE sorted by name: size, space allocated (every block
 the disk maps, as du counts it), split into exclusive (blocks no other disk
@@ -56,15 +56,21 @@ maps: what removing the disk frees) and shared (blocks it shares with clones
 and snapshots), number of extents in the block map and their average size (a
 disk written in random order has more, smaller extents, and reads back in
 smaller I/Os), modification time, and origin: "snapshot of DISK" or "clone of
-DISK" (a whole-disk cp on the mount), else "-".`,
+DISK" (a whole-disk cp on the mount), else "-".
+
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, ls asks the daemon, and lists what the mount shows now.`,
 		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
-			s, err := e.openStore(args[0], "ls", true)
+			a, err := e.openAccess(args[0], "ls", true)
 			if err != nil {
 				return err
 			}
-			defer e.closeStore(s, &err)
-			disks := s.List() // sorted by name
+			defer e.closeAccess(a, &err)
+			disks, err := a.List() // sorted by name
+			if err != nil {
+				return err
+			}
 			if asJSON {
 				out := make([]lsEntry, 0, len(disks))
 				for _, d := range disks {

@@ -84,6 +84,19 @@ func (m mountSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions
 	return m.srv.Receive(r, name, o)
 }
 
+// List, Info, Version and Check are `vdisk ls`, `info` and `fsck` given
+// the mount point or the store of a mount. Check runs on the live store:
+// it stops writers while it runs (image.Store.Check).
+func (m mountSource) List() []image.DiskInfo { return m.s.List() }
+func (m mountSource) Info() image.Info       { return m.s.Info() }
+func (m mountSource) Version() int           { return m.s.Version() }
+func (m mountSource) Check() *image.Report   { return m.s.Check() }
+
+// Defrag is `vdisk defrag` given the mount point or the store of a mount.
+// It moves blocks under the disk's range lock and changes no byte, so the
+// kernel's caches stay right.
+func (m mountSource) Defrag(name string) (image.DefragResult, error) { return m.s.Defrag(name, nil) }
+
 func newMountCmd(e *env) *cobra.Command {
 	var f mountFlags
 	cmd := &cobra.Command{

@@ -11,14 +11,18 @@ import (
 func newResizeCmd(e *env) *cobra.Command {
 	var shrink bool
 	cmd := &cobra.Command{
-		Use:   "resize STORE NAME SIZE",
+		Use:   "resize STORE|MOUNTPOINT NAME SIZE",
 		Short: "Grow or shrink a disk",
 		Long: `Resize sets the size of disk NAME to SIZE, or changes it by +SIZE or -SIZE.
 Growing adds a hole (it reads as zeros and takes no space). Shrinking frees
-every block past the new size and loses their data, so it needs --shrink.`,
+every block past the new size and loses their data, so it needs --shrink.
+
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, resize truncates the file on the mount, as truncate(1) would.`,
 		Example: `  vdisk resize /srv/vdisks.img vm1.raw 40G
   vdisk resize /srv/vdisks.img vm1.raw +10G
-  vdisk resize --shrink /srv/vdisks.img vm1.raw -- -10G`,
+  vdisk resize --shrink /srv/vdisks.img vm1.raw -- -10G
+  vdisk resize /mnt/vdisks vm1.raw +10G`,
 		Args: exactArgs("STORE", "NAME", "SIZE"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			name, arg := args[1], args[2]
@@ -33,17 +37,15 @@ every block past the new size and loses their data, so it needs --shrink.`,
 			if err != nil {
 				return err
 			}
-			s, err := e.openStore(args[0], "resize", false)
+			a, err := e.openAccess(args[0], "resize", false)
 			if err != nil {
 				return err
 			}
-			defer e.closeStore(s, &err)
-			d, err := s.OpenDisk(name)
+			defer e.closeAccess(a, &err)
+			old, err := a.Size(name)
 			if err != nil {
 				return err
 			}
-			defer e.closeDisk(d, &err)
-			old := d.Size()
 			size := n
 			if sign != 0 {
 				size = old + sign*n
@@ -57,7 +59,7 @@ every block past the new size and loses their data, so it needs --shrink.`,
 			if size < old && !shrink {
 				return fmt.Errorf("resize %s from %s to %s would drop data past the new end: use --shrink", name, formatSize(old), formatSize(size))
 			}
-			if err := d.Truncate(size); err != nil {
+			if err := a.Resize(name, size); err != nil {
 				return err
 			}
 			fmt.Fprintf(e.stdout, "resized %s from %s to %s\n", name, formatSizeExact(old), formatSizeExact(size))

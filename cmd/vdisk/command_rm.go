@@ -9,10 +9,14 @@ import (
 
 func newRmCmd(e *env) *cobra.Command {
 	return &cobra.Command{
-		Use:   "rm STORE NAME...",
+		Use:   "rm STORE|MOUNTPOINT NAME...",
 		Short: "Remove disks and free their space",
 		Long: `Rm removes each named disk and frees its blocks. A name that cannot be removed
-is reported and the others are still removed; the exit code is then 8.`,
+is reported and the others are still removed; the exit code is then 8.
+
+STORE may be mounted: given its mount point, or its path while a daemon
+serves it, rm unlinks the disks' files on the mount; a disk still open
+there keeps its blocks until its last user closes it.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
 				return fmt.Errorf("%s takes a store and at least one disk name, got %d arguments", cmd.CommandPath(), len(args))
@@ -20,14 +24,14 @@ is reported and the others are still removed; the exit code is then 8.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
-			s, err := e.openStore(args[0], "rm", false)
+			a, err := e.openAccess(args[0], "rm", false)
 			if err != nil {
 				return err
 			}
-			defer e.closeStore(s, &err)
+			defer e.closeAccess(a, &err)
 			var errs []error
 			for _, name := range args[1:] {
-				if err := s.Remove(name); err != nil {
+				if err := a.Remove(name); err != nil {
 					errs = append(errs, err)
 					continue
 				}

@@ -47,6 +47,13 @@ func (s statsSource) Send(w io.Writer, disk, from string) (transfer.Stats, error
 func (s statsSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error) {
 	return transfer.Receive(r, s.s, name, o)
 }
+func (s statsSource) List() []image.DiskInfo { return s.s.List() }
+func (s statsSource) Info() image.Info       { return s.s.Info() }
+func (s statsSource) Version() int           { return s.s.Version() }
+func (s statsSource) Check() *image.Report   { return s.s.Check() }
+func (s statsSource) Defrag(name string) (image.DefragResult, error) {
+	return s.s.Defrag(name, nil)
+}
 
 // serveFakeMount formats a memory store, writes 8 × 1 MiB to a disk and
 // serves its telemetry for the mount point mnt.

@@ -22,7 +22,8 @@ const (
 	// exitFailure: an operational error: the store cannot be opened (missing,
 	// not a store, locked by another process), an I/O error, or bad
 	// arguments or flags; for umount, the mount is busy (and stays mounted)
-	// or its daemon did not close the store cleanly in time.
+	// or its daemon did not close the store cleanly in time; for fsck
+	// --repair, the store is mounted (a repair needs it unmounted).
 	exitFailure = 8
 )
 

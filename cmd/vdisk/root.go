@@ -85,7 +85,11 @@ func newRootCmd(e *env) *cobra.Command {
 		Short: "Manage vdiskfs stores: virtual disks kept in one file or block device",
 		Long: `vdisk manages vdiskfs stores. A store is one backing file or block device
 holding many virtual disks; "vdisk mount" shows each disk as a raw image file.
-The other commands work offline, on a store that is not mounted.
+ls, info, fsck, create, rm, rename, resize, import, export and defrag take a
+store or the mount point of a mounted one (given a mounted store's path,
+they go through its mount); stats, sync, umount and, given MOUNTPOINT/DISK,
+snapshot, clone, diff, send and receive ask a running mount; the rest work
+on a store that is not mounted.
 
 Sizes take the suffixes K, M, G, T, P, E (powers of 1024; KiB, MiB, ... too).
 
