@@ -74,6 +74,7 @@ func handleTransfers(mux *http.ServeMux, ctl Controller) {
 		}
 		st, err := ctl.Receive(r.Body, r.URL.Query().Get("name"), o)
 		if err != nil {
+			drainRefused(w, r.Body)
 			http.Error(w, err.Error(), statusOf(err))
 			return
 		}
@@ -81,6 +82,21 @@ func handleTransfers(mux *http.ServeMux, ctl Controller) {
 		w.WriteHeader(http.StatusCreated)
 		json.NewEncoder(w).Encode(st)
 	})
+}
+
+// A receive refused before its stream has all arrived (a missing base, a
+// name in use) takes in the rest of the stream, up to drainBytes and for
+// at most drainTime, before it answers: a client still writing the stream
+// then reads the answer, where a connection closed under it would only
+// have told it "broken pipe".
+const (
+	drainBytes = 256 << 20
+	drainTime  = 10 * time.Second
+)
+
+func drainRefused(w http.ResponseWriter, body io.Reader) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(drainTime))
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, drainBytes))
 }
 
 // receiveOptions reads the mode (octal, permission bits only), uid and gid
