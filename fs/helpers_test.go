@@ -132,6 +132,18 @@ func newTestCase(t testing.TB, opts ...tcOption) *testCase {
 	if os.Getenv("VDISKFS_TEST_DEBUG") != "" {
 		tc.mountOpts.Debug = true
 	}
+	// VDISKFS_TEST_TRANSPORT runs every test that does not choose its
+	// transport over the one it names (dev, io_uring), as tools/test.sh
+	// does once more with dev: the default (auto) is io_uring where the
+	// kernel has it, so without this the /dev/fuse path of a root mount
+	// would go untested.
+	if tr := os.Getenv("VDISKFS_TEST_TRANSPORT"); tr != "" && tc.mountOpts.Transport == TransportAuto {
+		parsed, err := ParseTransport(tr)
+		if err != nil {
+			t.Fatalf("VDISKFS_TEST_TRANSPORT: %v", err)
+		}
+		tc.mountOpts.Transport = parsed
+	}
 	if err := os.Mkdir(tc.mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}

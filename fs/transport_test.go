@@ -40,6 +40,7 @@ func TestTransports(t *testing.T) {
 func TestTransportAuto(t *testing.T) {
 	requireFUSE(t)
 	requireIOURing(t)
+	t.Setenv("VDISKFS_TEST_TRANSPORT", "") // this test is of the default
 	tc := newTestCase(t)
 	if got := tc.srv.Transport(); got != string(TransportIOURing) {
 		t.Fatalf("default mount serves over %q, want io_uring", got)

@@ -100,6 +100,12 @@ in_modules go test -race -short -count=1 -timeout 20m ./...
 log "go test (full sizes)"
 in_modules go test -count=1 -timeout 20m ./... 2>&1 | tee "$run_tmp/full.log"
 
+# The file-system suite once more over /dev/fuse: the runs above mount
+# with the default transport, io_uring where the kernel has it (as here),
+# and tests that choose none would otherwise never serve over /dev/fuse.
+log "go test ./fs/ over /dev/fuse (VDISKFS_TEST_TRANSPORT=dev)"
+VDISKFS_TEST_TRANSPORT=dev go test -count=1 -timeout 20m ./fs/ 2>&1 | tee -a "$run_tmp/full.log"
+
 # Where CI's time goes: every package's time in the full-size run, slowest
 # first (go test prints it on each package's ok line).
 log "time per package (full sizes, slowest first)"
