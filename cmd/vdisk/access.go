@@ -138,18 +138,7 @@ func (e *env) openAccess(arg, cmd string, readOnly bool) (storeAccess, error) {
 }
 
 // closeAccess closes a like closeStore.
-func (e *env) closeAccess(a storeAccess, errp *error) {
-	err := a.Close()
-	if err == nil {
-		return
-	}
-	err = fmt.Errorf("close store: %w", err)
-	if *errp == nil {
-		*errp = err
-	} else {
-		e.log.WithError(err).Error("closing the store after a failure")
-	}
-}
+func (e *env) closeAccess(a storeAccess, errp *error) { e.closeReporting(a, "store", errp) }
 
 // offlineStore is a store this process opened.
 type offlineStore struct{ s *image.Store }

@@ -304,17 +304,7 @@ func TestReceiveOwnership(t *testing.T) {
 	wantFail(t, exitFailure, []string{"--owner", "no user"}, "receive", b, "w", path, "--owner", "no-such-user-here")
 	wantFail(t, exitFailure, []string{"--owner"}, "receive", b, "w", path, "--owner", "1:")
 
-	var v1 bytes.Buffer
-	w, err := stream.NewWriter(&v1, stream.Header{Version: 1, Size: 8192, Name: "old"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Data(0, []byte("version 1"))
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	old := filepath.Join(dir, "old.stream")
-	writeFile(t, old, v1.Bytes())
+	old := writeV1Stream(t, dir)
 	mustRun(t, "receive", b, "old", old)
 	want("old", "0600", 0, 0)
 }
@@ -371,17 +361,7 @@ func TestSendReceiveOwnershipMounted(t *testing.T) {
 	}
 	mustRun(t, "receive", mb, "b.raw", path, "--mode", "0644", "--owner", "7:8")
 	check("b.raw", 0o644, 7, 8)
-	var v1 bytes.Buffer
-	w, err := stream.NewWriter(&v1, stream.Header{Version: 1, Size: 8192, Name: "old"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Data(0, []byte("version 1"))
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	old := filepath.Join(dir, "old.stream")
-	writeFile(t, old, v1.Bytes())
+	old := writeV1Stream(t, dir)
 	mustRun(t, "receive", mb, "old.raw", old)
 	check("old.raw", 0o600, 0, 0)
 
@@ -485,4 +465,24 @@ func TestTransferDaemonDies(t *testing.T) {
 	if ds := listDisks(t, storeB); len(ds) != 0 {
 		t.Errorf("the interrupted receive left %+v", ds)
 	}
+}
+
+// writeV1Stream writes, in dir, a stream of the format before streams
+// carried ownership (version 1): 8 KiB, "version 1" at its start.
+func writeV1Stream(t *testing.T, dir string) string {
+	t.Helper()
+	var v1 bytes.Buffer
+	w, err := stream.NewWriter(&v1, stream.Header{Version: 1, Size: 8192, Name: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Data(0, []byte("version 1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(dir, "old.stream")
+	writeFile(t, old, v1.Bytes())
+	return old
 }

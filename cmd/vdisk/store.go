@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -28,30 +29,23 @@ func (e *env) openStore(path, cmd string, readOnly bool) (*image.Store, error) {
 
 // closeStore closes s and reports a failure through *errp; when the command
 // has already failed, a second error from Close is logged instead.
-func (e *env) closeStore(s *image.Store, errp *error) {
-	err := s.Close()
-	if err == nil {
-		return
-	}
-	err = fmt.Errorf("close store: %w", err)
-	if *errp == nil {
-		*errp = err
-	} else {
-		e.log.WithError(err).Error("closing the store after a failure")
-	}
-}
+func (e *env) closeStore(s *image.Store, errp *error) { e.closeReporting(s, "store", errp) }
 
 // closeDisk closes a disk handle like closeStore.
-func (e *env) closeDisk(d *image.Disk, errp *error) {
-	err := d.Close()
+func (e *env) closeDisk(d *image.Disk, errp *error) { e.closeReporting(d, "disk", errp) }
+
+// closeReporting closes c (a store or a disk: what) and reports a failure
+// through *errp, or logs it when the command has failed already.
+func (e *env) closeReporting(c io.Closer, what string, errp *error) {
+	err := c.Close()
 	if err == nil {
 		return
 	}
-	err = fmt.Errorf("close disk: %w", err)
+	err = fmt.Errorf("close %s: %w", what, err)
 	if *errp == nil {
 		*errp = err
 	} else {
-		e.log.WithError(err).Error("closing the disk after a failure")
+		e.log.WithError(err).Errorf("closing the %s after a failure", what)
 	}
 }
 
