@@ -246,7 +246,7 @@ func TestRBDStore(t *testing.T) {
 	first := ls[0]
 	for _, args := range [][]string{
 		{"mount", store, mnt2, "--foreground", "--id", "second"},
-		{"ls", store},
+		{"diff", store, "dd.raw", "sparse.raw"}, // a read-only command that opens the store itself
 	} {
 		out, err := runErr(time.Minute, bin, args...)
 		if err == nil {
@@ -258,6 +258,11 @@ func TestRBDStore(t *testing.T) {
 			}
 		}
 		t.Logf("vdisk %s while mounted: %s", args[0], lastLine(out))
+	}
+
+	// A command that can go through the mount does, given the store's name.
+	if out, err := runErr(time.Minute, bin, "ls", store); err != nil || !strings.Contains(out, "dd.raw") {
+		t.Errorf("vdisk ls %s while mounted (through the mount): %v\n%s", store, err, out)
 	}
 
 	// kill -9, then take over with --break-lock at another mount point:
