@@ -392,6 +392,9 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	}
 	if !opts.ReadOnly {
 		s.deleteOrphans()
+		if err := s.zeroStaleTails(); err != nil {
+			return nil, fmt.Errorf("open: %w", err)
+		}
 		sb := s.sb
 		sb.Generation++
 		sb.State, sb.OwnerPID, sb.MountGen = stateOpen, uint32(os.Getpid()), sb.MountGen+1
