@@ -280,12 +280,14 @@ func (h *Disk) Truncate(size int64) error {
 // inside that block went in place, so after a crash that lost the record
 // of its size (the write was never promised) its bytes stay in the block,
 // past the end the disk was left with, and the next growth would show
-// them. Open calls it before anything can grow a disk. Such a block is
-// never shared: the write went in place, so the block had one reference
-// then (references are dropped only once durable), and any record that
-// shared it later comes after the lost one in the journal, so it is lost
-// too. One is left alone with a warning all the same rather than written
-// under another disk. Caller owns the store alone (Open).
+// them. Open calls it, once Check found the maps sound, before anything
+// can grow a disk.
+//
+// Such a block is never shared: the write went in place, so the block had
+// one reference then (references are dropped only once durable), and any
+// record that shared it later comes after the lost one in the journal, so
+// it is lost too. One is left alone with a warning all the same rather
+// than written under another disk. Caller owns the store alone (Open).
 func (s *Store) zeroStaleTails() error {
 	bs := s.bs
 	ds := make([]*disk, 0, len(s.mu.disks))

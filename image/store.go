@@ -392,9 +392,6 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	}
 	if !opts.ReadOnly {
 		s.deleteOrphans()
-		if err := s.zeroStaleTails(); err != nil {
-			return nil, fmt.Errorf("open: %w", err)
-		}
 		sb := s.sb
 		sb.Generation++
 		sb.State, sb.OwnerPID, sb.MountGen = stateOpen, uint32(os.Getpid()), sb.MountGen+1
@@ -410,6 +407,13 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	if !opts.Tolerant {
 		if rep := s.Check(); rep.Fatal() {
 			return nil, fmt.Errorf("store has %d fatal finding(s), first: %s; run vdisk fsck: %w", rep.FatalCount(), rep.FirstFatal(), ErrCorrupt)
+		}
+		// Only on a store whose maps Check found sound: a damaged one
+		// (Repair) could map a disk's last block into another's data.
+		if !opts.ReadOnly {
+			if err := s.zeroStaleTails(); err != nil {
+				return nil, fmt.Errorf("open: %w", err)
+			}
 		}
 	}
 	if !opts.ReadOnly && opts.CommitInterval >= 0 {
