@@ -187,14 +187,18 @@ type diskModel struct {
 }
 
 // snapModel is a snapshot of a disk: its content when it was taken, and
-// whether the snapshot call returned (then it exists unless being
-// removed), or is being removed (then it may exist or not: a removal the
-// kill interrupted may or may not have taken effect).
+// whether the snapshot call returned (then it exists unless removed since),
+// and whether it is being removed. A removal may or may not have taken
+// effect, even one that returned: one the kill interrupted may have
+// happened, and one that returned is undone by a kill before the next
+// commit. So a snapshot being removed stays modelled, and must still read
+// what it held, until a verify finds it gone; one a verify finds still
+// there (again) is removed again first by the next snapshot of its disk.
 type snapModel struct {
-	name           string
-	data           []byte
-	seq            uint64 // the snapshot operation's seq
-	done, removing bool
+	name                  string
+	data                  []byte
+	seq                   uint64 // the snapshot operation's seq
+	done, removing, again bool
 }
 
 func newDiskModel(i int) *diskModel {
@@ -271,20 +275,40 @@ type worker struct {
 }
 
 // snapshot takes a snapshot of disk i through the mount's socket and
-// records it, keeping at most two per disk (the oldest removed first). An
-// error means the daemon is gone: the snapshot, or a removal before it,
-// may have taken effect or not, which the next verify settles.
+// records it, keeping at most two per disk (the oldest removed first);
+// snapshots found still there after their removal are removed again
+// first. An error means the daemon is gone: the snapshot, or a removal
+// before it, may have taken effect or not, which the next verify settles.
 // It returns the last operation it started.
 func (m *diskModel) snapshot(r *run, cycle int, mnt string) (*op, error) {
-	for len(m.snaps) > 0 && (len(m.snaps) >= 2 || m.snaps[0].removing) {
-		old := m.snaps[0]
-		old.removing = true
-		o := r.start(m, cycle, op{kind: opRemove, name: old.name})
-		if err := os.Remove(filepath.Join(mnt, old.name)); err != nil && !os.IsNotExist(err) {
-			return o, r.end(o, err) // stays listed as removing
+	remove := func(sm *snapModel) (*op, error) {
+		sm.removing, sm.again = true, false
+		o := r.start(m, cycle, op{kind: opRemove, name: sm.name})
+		if err := os.Remove(filepath.Join(mnt, sm.name)); err != nil && !os.IsNotExist(err) {
+			return o, r.end(o, err)
 		}
-		r.end(o, nil)
-		m.snaps = m.snaps[1:]
+		return o, r.end(o, nil)
+	}
+	for _, sm := range m.snaps {
+		if sm.again {
+			if o, err := remove(sm); err != nil {
+				return o, err
+			}
+		}
+	}
+	for {
+		var kept []*snapModel
+		for _, sm := range m.snaps {
+			if !sm.removing {
+				kept = append(kept, sm)
+			}
+		}
+		if len(kept) < 2 {
+			break
+		}
+		if o, err := remove(kept[0]); err != nil {
+			return o, err
+		}
 	}
 	sm := &snapModel{name: fmt.Sprintf("d%d-s%d.raw", m.i, m.nextSnap), data: bytes.Clone(m.cur[:m.size])}
 	o := r.start(m, cycle, op{kind: opSnapshot, name: sm.name})
@@ -521,6 +545,24 @@ func report(m *diskModel, what string, blk int64, snap string) string {
 // not hold.
 func verify(t *testing.T, cycle int, mnt string, models []*diskModel, seq uint64, fail func(msg string, files map[string][]byte)) {
 	t.Helper()
+	// Nothing the model does not know of: every disk and snapshot there
+	// was made by the workload and is still modelled.
+	known := map[string]bool{}
+	for i, m := range models {
+		known[fmt.Sprintf("d%d.raw", i)] = true
+		for _, sm := range m.snaps {
+			known[sm.name] = true
+		}
+	}
+	entries, err := os.ReadDir(mnt)
+	if err != nil {
+		t.Fatalf("cycle %d: list the mount: %v", cycle, err)
+	}
+	for _, e := range entries {
+		if !known[e.Name()] {
+			fail(fmt.Sprintf("cycle %d: the mount holds %s, which the model does not know of", cycle, e.Name()), nil)
+		}
+	}
 	for i, m := range models {
 		name := filepath.Join(mnt, fmt.Sprintf("d%d.raw", i))
 		got, err := os.ReadFile(name)
@@ -568,10 +610,10 @@ func verify(t *testing.T, cycle int, mnt string, models []*diskModel, seq uint64
 						map[string][]byte{sm.name + ".got": data, sm.name + ".want": sm.data, fmt.Sprintf("d%d.got", i): got})
 				}
 			}
-			// It exists, whatever the call that took it said; one whose
-			// removal the kill interrupted stays removing, and the next
-			// snapshot of the disk removes it first.
+			// It exists, whatever the call that took it said; one being
+			// removed is removed again by the next snapshot of the disk.
 			sm.done = true
+			sm.again = sm.removing
 			m.checked++
 			live = append(live, sm)
 		}

@@ -72,3 +72,66 @@ func TestModelKeepsFailedRemoval(t *testing.T) {
 		t.Fatalf("after the failed removal: %d snapshots, first removing %v, next %d", len(m.snaps), m.snaps[0].removing, m.nextSnap)
 	}
 }
+
+// A removal that returned is undone by a kill before the next commit: the
+// snapshot is back after the remount. It is still checked (it must hold
+// what it held) and removed again, rather than forgotten, where it would
+// pin its blocks for the rest of the run.
+func TestModelRechecksUndoneRemoval(t *testing.T) {
+	dir := t.TempDir()
+	models := make([]*diskModel, disks)
+	for i := range models {
+		models[i] = newDiskModel(i)
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d.raw", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := models[1]
+	s6 := bytes.Repeat([]byte{m.tag<<5 | 1}, 5000)
+	s7 := bytes.Repeat([]byte{m.tag<<5 | 2}, 3000)
+	m.snaps = []*snapModel{{name: "d1-s6.raw", data: s6, done: true}, {name: "d1-s7.raw", data: s7, done: true}}
+	for name, data := range map[string][]byte{"d1-s6.raw": s6, "d1-s7.raw": s7} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seq atomic.Uint64
+	r := &run{seq: &seq, killAt: -1, trigger: make(chan struct{})}
+	// The removal of the oldest returns; the snapshot after it fails (no
+	// daemon serves this directory), as if the kill came then.
+	if o, err := m.snapshot(r, 1, dir); err == nil || o.kind != opSnapshot {
+		t.Fatalf("snapshot without a daemon: %v, %v", o, err)
+	}
+	if !m.snaps[0].removing {
+		t.Fatal("the removed snapshot is no longer modelled")
+	}
+	// The kill undid the removal, and the snapshot reads something else.
+	if err := os.WriteFile(filepath.Join(dir, "d1-s6.raw"), s7, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var failed string
+	verify(t, 2, dir, models, 0, func(msg string, _ map[string][]byte) { failed = msg })
+	if failed == "" {
+		t.Fatal("a snapshot back from an undone removal was not checked")
+	}
+	// Back as it was: accepted, and to be removed again.
+	if err := os.WriteFile(filepath.Join(dir, "d1-s6.raw"), s6, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range m.snaps {
+		sm.again = false
+	}
+	verify(t, 3, dir, models, 0, func(msg string, _ map[string][]byte) { t.Fatal(msg) })
+	if sm := m.snaps[0]; sm.name != "d1-s6.raw" || !sm.removing || !sm.again {
+		t.Fatalf("after the verify that found it back: %+v", sm)
+	}
+	// Removed for good: the next verify forgets it (and the snapshot
+	// that failed is long forgotten: it was never there).
+	if err := os.Remove(filepath.Join(dir, "d1-s6.raw")); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, 4, dir, models, 0, func(msg string, _ map[string][]byte) { t.Fatal(msg) })
+	if len(m.snaps) != 1 || m.snaps[0].name != "d1-s7.raw" {
+		t.Fatalf("after the verify that found it gone: %d snapshots, first %s", len(m.snaps), m.snaps[0].name)
+	}
+}
