@@ -329,7 +329,9 @@ func alignedPage(buf []byte, n int) []byte {
 // Open opens a formatted store on be: it reads the superblocks and the
 // checkpoint, replays the journal, deletes disks that were unlinked while
 // open, records the owner, and (unless opts.Tolerant or opts.Repair) refuses
-// a store with fatal findings. The store takes ownership of be.
+// a store with fatal findings; opened read-write, it then zeroes what a
+// crash left past the end of a disk in its last block (zeroStaleTails).
+// The store takes ownership of be.
 func Open(be backend.Backend, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
