@@ -2,7 +2,10 @@ package image
 
 import (
 	"fmt"
+	"sort"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/vdiskfs/vdiskfs/coalesce"
 )
@@ -242,6 +245,67 @@ func (h *Disk) Truncate(size int64) error {
 	}
 	d.setSizeLockedRange(size)
 	d.touch()
+	return nil
+}
+
+// zeroStaleTails zeroes, on the backing, the bytes past the end of every
+// disk whose last block is mapped and only partly inside its size, where
+// they are not zeros already. Those bytes must read as zeros once the disk
+// grows again (Truncate zeroes them when it shrinks a disk), and in memory
+// nothing puts anything else there; but a write that grew the disk from
+// inside that block went in place, so after a crash that lost the record
+// of its size (the write was never promised) its bytes stay in the block,
+// past the end the disk was left with, and the next growth would show
+// them. Open calls it, once Check found the maps sound, before anything
+// can grow a disk.
+//
+// Such a block is never shared: the write went in place, so the block had
+// one reference then (references are dropped only once durable), and any
+// record that shared it later comes after the lost one in the journal, so
+// it is lost too. One is left alone with a warning all the same rather
+// than written under another disk. Caller owns the store alone (Open).
+func (s *Store) zeroStaleTails() error {
+	bs := s.bs
+	ds := make([]*disk, 0, len(s.mu.disks))
+	for _, d := range s.mu.disks {
+		if uint64(d.attr.Size)%bs != 0 {
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) == 0 {
+		return nil
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].id < ds[j].id })
+	buf := s.pool.Get(int(bs))
+	defer s.pool.Put(buf)
+	sc := getScratch()
+	defer putScratch(sc)
+	c := s.stats.shard(sc)
+	for _, d := range ds {
+		size := uint64(d.attr.Size)
+		sg := d.m.Lookup(sc.segs[:0], size/bs, 1)[0]
+		if sg.Hole {
+			continue
+		}
+		if err := s.readData(c, buf, sg.Phys); err != nil {
+			return fmt.Errorf("disk %d: read its last block: %w", d.id, err)
+		}
+		tail := buf[size%bs:]
+		if allZero(tail) {
+			continue
+		}
+		fields := logrus.Fields{"disk_id": d.id, "disk": d.name, "size": size, "block": sg.Phys}
+		if s.mu.shared.Shared(sg.Phys, 1) {
+			s.log.WithFields(fields).Warn("bytes past the end of a disk are not zeros, in a shared block: left as they are")
+			continue
+		}
+		clear(tail)
+		if err := s.writeData(c, buf, sg.Phys, false); err != nil {
+			return fmt.Errorf("disk %d: zero past its end: %w", d.id, err)
+		}
+		s.writeGen.Add(1)
+		s.log.WithFields(fields).Info("zeroed bytes past the end of a disk, left by a growing write that a crash lost")
+	}
 	return nil
 }
 

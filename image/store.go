@@ -332,7 +332,9 @@ func alignedPage(buf []byte, n int) []byte {
 // Open opens a formatted store on be: it reads the superblocks and the
 // checkpoint, replays the journal, deletes disks that were unlinked while
 // open, records the owner, and (unless opts.Tolerant or opts.Repair) refuses
-// a store with fatal findings. The store takes ownership of be.
+// a store with fatal findings; opened read-write, it then zeroes what a
+// crash left past the end of a disk in its last block (zeroStaleTails).
+// The store takes ownership of be.
 func Open(be backend.Backend, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
@@ -410,6 +412,13 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	if !opts.Tolerant {
 		if rep := s.Check(); rep.Fatal() {
 			return nil, fmt.Errorf("store has %d fatal finding(s), first: %s; run vdisk fsck: %w", rep.FatalCount(), rep.FirstFatal(), ErrCorrupt)
+		}
+		// Only on a store whose maps Check found sound: a damaged one
+		// (Repair) could map a disk's last block into another's data.
+		if !opts.ReadOnly {
+			if err := s.zeroStaleTails(); err != nil {
+				return nil, fmt.Errorf("open: %w", err)
+			}
 		}
 	}
 	if !opts.ReadOnly && opts.CommitInterval >= 0 {
