@@ -65,7 +65,8 @@
 //     long-lived workers per queue that run go-fuse's ProtocolServer over
 //     the same RawFileSystem; /dev/fuse keeps INIT, FORGET, INTERRUPT and
 //     notifications. Auto (the default) uses it when the kernel offers it
-//     and, as root, turns the fuse module's enable_uring on; otherwise, or
+//     (PrepareTransport, called once before the mount, turns the fuse
+//     module's enable_uring on as root); otherwise, or
 //     when setting up the queues fails, it serves /dev/fuse and logs why.
 //     The /dev/fuse descriptor is taken from go-fuse's Server by reflection
 //     (go-fuse does not export it; TestTransports fails if that breaks).

@@ -61,8 +61,8 @@ type Options struct {
 	FsName string
 
 	// Transport picks io_uring or /dev/fuse; "" (auto) uses io_uring when
-	// the kernel offers it, turning the fuse module's enable_uring on when
-	// running as root.
+	// the kernel offers it. Mount only looks: PrepareTransport, called
+	// first, turns the fuse module's enable_uring on where it may.
 	Transport Transport
 
 	// pageCache makes buffered (non-O_DIRECT) opens use the kernel page

@@ -16,11 +16,13 @@ import (
 type Transport string
 
 const (
-	// TransportAuto uses io_uring when the kernel offers it (as root, after
-	// turning the fuse module's enable_uring on), else /dev/fuse.
+	// TransportAuto uses io_uring when the kernel offers it (as root,
+	// PrepareTransport turns the fuse module's enable_uring on), else
+	// /dev/fuse.
 	TransportAuto Transport = ""
-	// TransportIOURing requires FUSE-over-io_uring (turning on the fuse
-	// module's enable_uring parameter if it is off, which needs root).
+	// TransportIOURing requires FUSE-over-io_uring (PrepareTransport turns
+	// the fuse module's enable_uring parameter on if it is off, which needs
+	// root).
 	TransportIOURing Transport = "io_uring"
 	// TransportDev is read(2) and writev(2) on /dev/fuse.
 	TransportDev Transport = "dev"

@@ -21,11 +21,7 @@ func TestCatalogThroughSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	serveSource(t, src, mnt, "")
 	disks, err := List(mnt)
 	if err != nil {
 		t.Fatal(err)

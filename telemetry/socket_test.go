@@ -200,11 +200,7 @@ func TestSocketRefusesOtherUsersUnderUmask0(t *testing.T) {
 	src := newSource(t)
 	addSecret(t, src)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	serveSource(t, src, mnt, "")
 	sock := SocketPath(mnt)
 	if m, _ := modeOf(t, sock); m.Perm() != 0o600 || m.Type() != fs.ModeSocket {
 		t.Errorf("socket %s: mode %v, want a socket 0600", sock, m)

@@ -153,11 +153,7 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, label string) float6
 func TestServeAndFetch(t *testing.T) {
 	src := newSource(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, "127.0.0.1:0", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	serveSource(t, src, mnt, "127.0.0.1:0")
 	st, err := Fetch(mnt)
 	if err != nil {
 		t.Fatal(err)
@@ -192,11 +188,7 @@ func TestServeAndFetch(t *testing.T) {
 func TestSnapshotThroughSocket(t *testing.T) {
 	src := newSource(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	serveSource(t, src, mnt, "")
 	commits := src.s.Counters().Commits
 	rep, err := Snapshot(mnt, "vm.raw", "vm-snap")
 	if err != nil {
@@ -285,4 +277,15 @@ func TestStopLeavesTheNextMountsSocket(t *testing.T) {
 	if st.Store != "new" {
 		t.Fatalf("stats from store %q, want the new mount's", st.Store)
 	}
+}
+
+// serveSource serves src's stats and requests on the socket of mnt (and on
+// metricsAddr, when not empty) until the test ends.
+func serveSource(t *testing.T, src storeSource, mnt, metricsAddr string) {
+	t.Helper()
+	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, metricsAddr, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
 }

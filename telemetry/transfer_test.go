@@ -19,11 +19,7 @@ import (
 func TestSendReceiveThroughSocket(t *testing.T) {
 	src := newSource(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
-	stop, err := Serve(Handler(src, mnt, "store.img"), src, mnt, "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	serveSource(t, src, mnt, "")
 	var b bytes.Buffer
 	if _, err := Send(mnt, "vm.raw", "", &b); err != nil {
 		t.Fatal(err)

@@ -19,14 +19,7 @@ import (
 func TestModelSettlesInterruptedRemoval(t *testing.T) {
 	for _, gone := range []bool{true, false} {
 		t.Run(fmt.Sprintf("gone=%v", gone), func(t *testing.T) {
-			dir := t.TempDir()
-			models := make([]*diskModel, disks)
-			for i := range models {
-				models[i] = newDiskModel(i)
-				if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d.raw", i)), nil, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			dir, models := emptyDisks(t)
 			m := models[1]
 			data := bytes.Repeat([]byte{m.tag<<5 | 1}, 5000)
 			m.snaps = []*snapModel{{name: "d1-s6.raw", data: data, done: true, removing: true}}
@@ -78,14 +71,7 @@ func TestModelKeepsFailedRemoval(t *testing.T) {
 // what it held) and removed again, rather than forgotten, where it would
 // pin its blocks for the rest of the run.
 func TestModelRechecksUndoneRemoval(t *testing.T) {
-	dir := t.TempDir()
-	models := make([]*diskModel, disks)
-	for i := range models {
-		models[i] = newDiskModel(i)
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d.raw", i)), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, models := emptyDisks(t)
 	m := models[1]
 	s6 := bytes.Repeat([]byte{m.tag<<5 | 1}, 5000)
 	s7 := bytes.Repeat([]byte{m.tag<<5 | 2}, 3000)
@@ -134,4 +120,19 @@ func TestModelRechecksUndoneRemoval(t *testing.T) {
 	if len(m.snaps) != 1 || m.snaps[0].name != "d1-s7.raw" {
 		t.Fatalf("after the verify that found it gone: %d snapshots, first %s", len(m.snaps), m.snaps[0].name)
 	}
+}
+
+// emptyDisks makes, in a plain directory standing in for the mount, an
+// empty file per disk, and a model of each.
+func emptyDisks(t *testing.T) (string, []*diskModel) {
+	t.Helper()
+	dir := t.TempDir()
+	models := make([]*diskModel, disks)
+	for i := range models {
+		models[i] = newDiskModel(i)
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d.raw", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, models
 }
