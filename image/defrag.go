@@ -69,7 +69,7 @@ type DefragResult struct {
 //     the disk meanwhile sees the copy ordered with its own requests as a
 //     write would be. On an error the chunks committed so far stay moved.
 //   - The data goes to the smallest free run outside the other disks'
-//     layouts that holds all of it (allocator.region); when there is none,
+//     layouts that holds all of it (placement.Allocator.Region); when there is none,
 //     to the largest free runs, and FreeRuns says how many.
 //   - The disk's blocks end up adjacent on the backing: holes take no
 //     space between them (a write into a hole later goes wherever the
@@ -113,7 +113,7 @@ func (d *disk) defrag(name string, chunk uint64, progress func(done, total uint6
 	}
 	claimed := s.claimedLayouts(d)()
 	s.mu.Lock()
-	region := s.mu.alloc.region(mapped, claimed)
+	region := s.mu.alloc.Region(mapped, claimed)
 	s.mu.Unlock()
 	if blocksOf(region) < mapped || len(region) >= runs {
 		res.Skipped = DefragNoRoom
@@ -213,7 +213,7 @@ func (t *defragTarget) alloc(s *Store, n uint64) ([]pext, error) {
 			if t.runs == 0 || e.Start != t.end {
 				t.runs++
 			}
-			t.end = e.end()
+			t.end = e.End()
 		}
 		if len(t.region) > 0 {
 			t.region[0].Start += want
@@ -283,7 +283,7 @@ func (s *Store) copyBlocks(src []blockmap.Segment, dst []pext, copied func(block
 	// backing: laid end to end, they are one run, read in one I/O.
 	var from []pext
 	for _, sg := range src {
-		if n := len(from); n > 0 && from[n-1].end() == sg.Phys {
+		if n := len(from); n > 0 && from[n-1].End() == sg.Phys {
 			from[n-1].Len += sg.Len
 		} else {
 			from = append(from, pext{Start: sg.Phys, Len: sg.Len})

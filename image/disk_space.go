@@ -339,7 +339,7 @@ func (h *Disk) Allocate(off, n int64, keepSize bool) error {
 }
 
 // allocateZeroedLockedRange gives the holes in virtual blocks [first,
-// first+count) zeroed blocks, placed as a write's are (allocHoles: by the
+// first+count) zeroed blocks, placed as a write's are (placement.Fill: by the
 // virtual offset of the nearest mapped neighbour, else the disk's layout
 // base), so a disk fallocated in any order is laid out as one written in
 // order. Blocks it shares stay shared (fallocate does not unshare). Caller
@@ -358,13 +358,14 @@ func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 	nb := d.neighboursLockedMu(first, count)
 	if d.mayShare.Load() {
 		s.mu.Lock()
-		s.ownNeighboursLockedMu(&nb, first, count)
+		nb.DropShared(first, count, s.mu.shared)
 		s.mu.Unlock()
 	}
 	d.mu.RUnlock()
 	// A disk that grows by this call has no size yet to size its layout.
-	nb.blocks = max(nb.blocks, first+count)
-	if err := s.allocHoles(sc, nb, true); err != nil {
+	nb.Blocks = max(nb.Blocks, first+count)
+	if err := d.fillHoles(sc, nb, true); err != nil {
+		s.unallocate(sc.allocs)
 		return err
 	}
 	for _, sg := range sc.out {

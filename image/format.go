@@ -12,6 +12,7 @@ import (
 	"hash/crc32"
 	"unicode/utf8"
 
+	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
@@ -74,11 +75,7 @@ const (
 )
 
 // pext is a physical extent: Len blocks from block Start of the data region.
-type pext struct {
-	Start, Len uint64
-}
-
-func (p pext) end() uint64 { return p.Start + p.Len }
+type pext = placement.Extent
 
 // superblock is the root of the store. Two identical copies live at byte 0 and
 // byte 4096; the valid copy with the highest generation wins.
