@@ -44,12 +44,11 @@ func (s *Store) commitBackground() error { return s.commit(true, true) }
 
 func (s *Store) commit(times, background bool) error {
 	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
+	closed, want := s.mu.closed, s.mu.recGen
+	s.mu.Unlock()
+	if closed {
 		return ErrClosed
 	}
-	want := s.mu.recGen
-	s.mu.Unlock()
 	wantWrites := s.writeGen.Load()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()

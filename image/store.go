@@ -463,12 +463,11 @@ func (s *Store) Close() error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
+	closed, failed := s.mu.closed, s.mu.failed
+	s.mu.Unlock()
+	if closed {
 		return ErrClosed
 	}
-	failed := s.mu.failed
-	s.mu.Unlock()
 	var err error
 	if !s.opts.ReadOnly && failed == nil {
 		if err = s.checkpointLockedCommit(); errors.Is(err, ErrNoSpace) {

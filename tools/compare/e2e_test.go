@@ -52,12 +52,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	t.Logf("table:\n%s", stdout.String())
 
-	f, err := os.Open(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := readReport(f)
-	f.Close()
+	rep, err := readReportFile(js)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,12 +134,7 @@ func TestBinaryTargets(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	f, err := os.Open(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := readReport(f)
-	f.Close()
+	rep, err := readReportFile(js)
 	if err != nil {
 		t.Fatal(err)
 	}
