@@ -180,9 +180,11 @@ func isAllocated(sg blockmap.Segment, allocs []pext) bool {
 	return false
 }
 
-// fillBlock fills dst (one block) with the current content of virtual block
-// v: zeros for a hole, else the block read from the backend.
-func (s *Store) fillBlock(c *Shard, dst []byte, segs []blockmap.Segment, v uint64) error {
+// fillBlock fills dst (one block) with the current content of virtual
+// block v: zeros for a hole (segs, a lookup of the range, says which),
+// else what a read plan of the store's own reads (readLockedRange).
+// Caller holds a range lock over v.
+func (d *disk) fillBlock(dst []byte, segs []blockmap.Segment, v uint64) error {
 	for _, sg := range segs {
 		if v < sg.Virt || v >= sg.Virt+sg.Len {
 			continue
@@ -191,7 +193,7 @@ func (s *Store) fillBlock(c *Shard, dst []byte, segs []blockmap.Segment, v uint6
 			clear(dst)
 			return nil
 		}
-		return s.readData(c, dst, sg.Phys+v-sg.Virt)
+		return d.readLockedRange(dst, int64(v*d.s.bs))
 	}
 	panic(fmt.Sprintf("image: block %d not in lookup segments", v))
 }

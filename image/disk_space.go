@@ -2,6 +2,7 @@ package image
 
 import (
 	"fmt"
+	"io"
 	"sort"
 	"time"
 
@@ -27,11 +28,11 @@ func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 	defer s.pool.Put(buf)
 	// A read and a write planned like any other (the write gives a shared
 	// block a new one, as every write does).
-	if err := d.runLockedRange(buf[:n], off, false); err != nil {
+	if _, err := d.runLockedRange(buf[:n], off, false); err != nil {
 		return err
 	}
 	fn(buf)
-	if err := d.runLockedRange(buf[:n], off, true); err != nil {
+	if _, err := d.runLockedRange(buf[:n], off, true); err != nil {
 		return err
 	}
 	// The caller's size or punch record relies on this write: the commit
@@ -43,18 +44,36 @@ func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 }
 
 // runLockedRange reads len(p) bytes at off into p, or writes p there, through
-// a plan the store makes for itself (no handle). Caller holds an exclusive
-// range lock over the range.
-func (d *disk) runLockedRange(p []byte, off int64, write bool) error {
+// a plan the store makes for itself (no handle), and returns the bytes it
+// read or wrote: a read stops at the disk's size. Caller holds a range
+// lock over the range, exclusive for a write.
+func (d *disk) runLockedRange(p []byte, off int64, write bool) (int, error) {
 	var pl IOPlan
-	if err := d.prepare(&pl, p, off, planMode{write: write, wait: true, locked: true}, nil); err != nil {
-		return err
+	switch err := d.prepare(&pl, p, off, planMode{write: write, wait: true, locked: true}, nil); {
+	case err == io.EOF && !write:
+		return 0, nil
+	case err != nil:
+		return 0, err
 	}
+	n := pl.N
 	if err := pl.run(); err != nil {
 		pl.Abort()
-		return err
+		return 0, err
 	}
 	pl.Finish()
+	return n, nil
+}
+
+// readLockedRange reads len(p) bytes at off into p through a plan of the
+// store's own (runLockedRange). What lies past the disk's size reads as
+// zeros, as a block's tail past the size holds on the backing. Caller
+// holds a range lock over the range.
+func (d *disk) readLockedRange(p []byte, off int64) error {
+	n, err := d.runLockedRange(p, off, false)
+	if err != nil {
+		return err
+	}
+	clear(p[n:])
 	return nil
 }
 

@@ -64,6 +64,14 @@
 // PlanWrite, PlanWriteSync decline what would need a wait) and submit it
 // on their own rings. So tests that use ReadAt and WriteAt on the memory
 // and crash backends run the same planning and finishing as a mount.
+// The store's own I/O on a disk is planned too, without a handle
+// (runLockedRange, under a range lock its caller holds): the
+// read-modify-write of a partial block (a write's edges, a punch's, a
+// truncate's) and defrag's reads. Three writes are not disk requests and
+// go to the backend without a plan, counted alike (io.go): defrag's copy
+// into blocks no map holds until it remaps them, the zeros that prepare
+// a chunk of a store file (free blocks of no disk), and Open's zeroing of
+// a crash's stale tails.
 //
 // # Keeping large I/O large
 //

@@ -360,7 +360,7 @@ func (d *disk) buffer(pl *IOPlan, r *request, m planMode) ([]byte, error) {
 			continue
 		}
 		lo := (sp.Block - r.first) * bs
-		if err := s.fillBlock(r.c, buf[lo:lo+bs], pl.sc.segs, sp.Block); err != nil {
+		if err := d.fillBlock(buf[lo:lo+bs], pl.sc.segs, sp.Block); err != nil {
 			return nil, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, r.off, err)
 		}
 	}

@@ -388,6 +388,11 @@ func (s *Store) prepareBacking(allocs []pext, wait bool) error {
 // space), and a failed zero write is not retried: either way the chunk is
 // marked and its first writes pay the host file system's allocation, as
 // before preparation existed.
+//
+// The zeros are no IOPlan: a plan is a disk's request (its range lock,
+// its map, its publish), and these blocks belong to no disk and are
+// mapped by nothing; they are counted apart (PreparedBytes), not as data
+// writes.
 func (s *Store) prepareChunk(p backend.Preparer, c int64) {
 	s.prepMu.Lock()
 	defer s.prepMu.Unlock()
