@@ -21,12 +21,10 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 	case err != nil:
 		return 0, err
 	}
-	n := pl.N
-	if err := pl.run(); err != nil {
-		pl.Abort()
-		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", h.d.id, n, off, err)
+	if err := pl.perform(); err != nil {
+		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", h.d.id, pl.N, off, err)
 	}
-	pl.Finish()
+	n := pl.N
 	if n < len(p) {
 		return n, io.EOF
 	}
@@ -85,13 +83,10 @@ func (h *Disk) write(p []byte, off int64, fua bool) (n int, durable bool, err er
 	case err != nil:
 		return 0, false, err
 	}
-	if err := pl.run(); err != nil {
-		pl.Abort()
+	if err := pl.perform(); err != nil {
 		return 0, false, fmt.Errorf("disk %d write %d bytes at %d: %w", h.d.id, len(p), off, err)
 	}
-	durable = pl.Durable
-	pl.Finish()
-	return len(p), durable, nil
+	return len(p), pl.Durable, nil
 }
 
 // countRequest counts one read or write request of n bytes, served, into

@@ -55,13 +55,10 @@ func (d *disk) runLockedRange(p []byte, off int64, write bool) (int, error) {
 	case err != nil:
 		return 0, err
 	}
-	n := pl.N
-	if err := pl.run(); err != nil {
-		pl.Abort()
+	if err := pl.perform(); err != nil {
 		return 0, err
 	}
-	pl.Finish()
-	return n, nil
+	return pl.N, nil
 }
 
 // readLockedRange reads len(p) bytes at off into p through a plan of the

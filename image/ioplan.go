@@ -488,6 +488,17 @@ func (pl *IOPlan) run() error {
 	return nil
 }
 
+// perform runs the plan's I/O (run) and finishes it, or aborts it when an
+// I/O failed. N and Durable stay for the caller to read.
+func (pl *IOPlan) perform() error {
+	if err := pl.run(); err != nil {
+		pl.Abort()
+		return err
+	}
+	pl.Finish()
+	return nil
+}
+
 func hasHole(sc *scratch) bool {
 	for _, sg := range sc.segs {
 		if sg.Hole {
