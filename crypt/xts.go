@@ -1,0 +1,134 @@
+package crypt
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+)
+
+// aesBlock is the AES block size: XTS works on 16-byte blocks and a data
+// unit must be a whole number of them.
+const aesBlock = 16
+
+// Cipher is AES-XTS-256 (IEEE 1619) over data units of one store block.
+// Block i of a call is one data unit whose tweak (IEEE 1619's data unit
+// sequence number) is tweak+i, encoded as a 128-bit little-endian number.
+//
+// A Cipher is safe for concurrent use: it holds only the two expanded AES
+// keys, which crypto/aes keeps in the Go heap and does not let anyone zero.
+type Cipher struct {
+	k1, k2    cipher.Block // k1 encrypts the data, k2 the tweaks
+	blockSize int
+}
+
+// NewCipher returns the cipher of key for data units of blockSize bytes, a
+// multiple of 16 no larger than IEEE 1619's 2^20 AES blocks (16 MiB).
+func NewCipher(key *DataKey, blockSize int) (*Cipher, error) {
+	if blockSize <= 0 || blockSize%aesBlock != 0 || blockSize > aesBlock<<20 {
+		return nil, fmt.Errorf("crypt: data unit of %d bytes is not a multiple of %d in [%d, %d]: %w",
+			blockSize, aesBlock, aesBlock, aesBlock<<20, ErrInvalid)
+	}
+	k := key.bytes()
+	k1, err := aes.NewCipher(k[:DataKeySize/2])
+	if err != nil {
+		return nil, fmt.Errorf("crypt: data cipher: %w", err)
+	}
+	k2, err := aes.NewCipher(k[DataKeySize/2:])
+	if err != nil {
+		return nil, fmt.Errorf("crypt: tweak cipher: %w", err)
+	}
+	return &Cipher{k1: k1, k2: k2, blockSize: blockSize}, nil
+}
+
+// BlockSize is the data unit: the length EncryptBlocks and DecryptBlocks
+// take per tweak.
+func (c *Cipher) BlockSize() int { return c.blockSize }
+
+// EncryptBlocks encrypts src, a whole number of blocks, into dst, block i
+// under tweak+i. dst and src may be the same slice (in place) but must not
+// overlap otherwise. It allocates nothing. It panics when src is not a
+// whole number of blocks, dst is shorter, the buffers overlap inexactly, or
+// the tweaks would wrap past 2^64-1: the caller's arithmetic is wrong, and
+// encrypting anyway could reuse a tweak.
+func (c *Cipher) EncryptBlocks(dst, src []byte, tweak uint64) {
+	c.check(dst, src, tweak)
+	for off := 0; off < len(src); off += c.blockSize {
+		c.unit(dst[off:off+c.blockSize], src[off:off+c.blockSize], tweak, true)
+		tweak++
+	}
+}
+
+// DecryptBlocks is the inverse of EncryptBlocks, with the same rules.
+func (c *Cipher) DecryptBlocks(dst, src []byte, tweak uint64) {
+	c.check(dst, src, tweak)
+	for off := 0; off < len(src); off += c.blockSize {
+		c.unit(dst[off:off+c.blockSize], src[off:off+c.blockSize], tweak, false)
+		tweak++
+	}
+}
+
+func (c *Cipher) check(dst, src []byte, tweak uint64) {
+	if len(src)%c.blockSize != 0 {
+		panic(fmt.Sprintf("crypt: %d bytes are not a whole number of %d-byte blocks", len(src), c.blockSize))
+	}
+	if len(dst) < len(src) {
+		panic("crypt: destination shorter than source")
+	}
+	if n := uint64(len(src) / c.blockSize); n > 0 && tweak+(n-1) < tweak {
+		panic("crypt: tweak range wraps")
+	}
+	if inexactOverlap(dst[:len(src)], src) {
+		panic("crypt: destination and source overlap")
+	}
+}
+
+// unit transforms one data unit. It keeps the running tweak T in two
+// uint64s (the low and high halves of IEEE 1619's little-endian 128-bit
+// value) and computes T0 = E_k2(tweak) in dst's first AES block, after
+// taking that block's input out of src: so it needs no buffer of its own
+// and works in place.
+func (c *Cipher) unit(dst, src []byte, tweak uint64, encrypt bool) {
+	le := binary.LittleEndian
+	p0, p1 := le.Uint64(src[0:]), le.Uint64(src[8:])
+	le.PutUint64(dst[0:], tweak)
+	le.PutUint64(dst[8:], 0)
+	c.k2.Encrypt(dst[:aesBlock], dst[:aesBlock])
+	t0, t1 := le.Uint64(dst[0:]), le.Uint64(dst[8:])
+	for off := 0; ; {
+		b := dst[off : off+aesBlock]
+		le.PutUint64(b[0:], p0^t0)
+		le.PutUint64(b[8:], p1^t1)
+		if encrypt {
+			c.k1.Encrypt(b, b)
+		} else {
+			c.k1.Decrypt(b, b)
+		}
+		le.PutUint64(b[0:], le.Uint64(b[0:])^t0)
+		le.PutUint64(b[8:], le.Uint64(b[8:])^t1)
+		off += aesBlock
+		if off == len(src) {
+			return
+		}
+		p0, p1 = le.Uint64(src[off:]), le.Uint64(src[off+8:])
+		// T·α in GF(2^128) modulo x^128 + x^7 + x^2 + x + 1: shift the
+		// 128-bit little-endian value left by one, fold the carry back.
+		carry := t1 >> 63
+		t1 = t1<<1 | t0>>63
+		t0 = t0<<1 ^ carry*0x87
+	}
+}
+
+// inexactOverlap reports whether x and y share memory other than at the
+// same start (crypto/internal/alias, which is not importable).
+func inexactOverlap(x, y []byte) bool {
+	if len(x) == 0 || len(y) == 0 || &x[0] == &y[0] {
+		return false
+	}
+	xs, ys := uintptrOf(x), uintptrOf(y)
+	return xs <= ys+uintptr(len(y)-1) && ys <= xs+uintptr(len(x)-1)
+}
+
+// uintptrOf is the address of b's first byte, only for comparing ranges.
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
