@@ -13,7 +13,13 @@
 // moved and shared (defrag, clones, snapshots, copy_file_range, receive)
 // without the key. EncryptBlocks and DecryptBlocks take a run of
 // consecutive blocks with consecutive tweaks, work in place, and allocate
-// nothing. Using a tweak twice for different contents of a block under one
+// nothing. The data unit is the whole block because the store never
+// reads or writes less than a block (a partial request goes through whole
+// blocks in a buffer of its own), so a block's tweak is one number and the
+// map's tweak arithmetic is its block arithmetic; IEEE 1619 allows data
+// units up to 2^20 AES blocks (16 MiB), above the largest store block. The
+// price: ciphertext moves between stores (a raw stream) only where the
+// block sizes are equal. Using a tweak twice for different contents of a block under one
 // key is what the store must avoid; this package cannot see it.
 //
 // # Keys and slots
