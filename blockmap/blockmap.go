@@ -8,13 +8,18 @@ import (
 )
 
 // Extent maps Len blocks starting at virtual block Virt to physical blocks
-// starting at Phys.
+// starting at Phys. On an encrypted disk each block also has a tweak, the
+// number its encryption depends on (package crypt): block Virt+i's is
+// Virt+i+TweakOff, modulo 2^64. Recording the tweak as an offset from the
+// virtual block keeps it zero on a plain disk, and keeps it unchanged when
+// an extent is split: only a copy to another virtual offset (a clone)
+// changes it, by the distance moved, so that every block keeps its tweak.
 //
-// Extent is the B-tree item itself (24 bytes, no pointers): that is what
-// keeps the map under the project's 64 bytes per extent (see Memory in the
-// package documentation).
+// Extent is the B-tree item itself (32 bytes, no pointers): see Memory in
+// the package documentation.
 type Extent struct {
 	Virt, Phys, Len uint64
+	TweakOff        uint64
 }
 
 // End returns the first virtual block after e (Virt+Len).
@@ -23,11 +28,23 @@ func (e Extent) End() uint64 { return e.Virt + e.Len }
 // PhysEnd returns the first physical block after e (Phys+Len).
 func (e Extent) PhysEnd() uint64 { return e.Phys + e.Len }
 
+// Tweak returns the tweak of e's first block (Virt+TweakOff).
+func (e Extent) Tweak() uint64 { return e.Virt + e.TweakOff }
+
+// continues says b starts where a ends in both spaces with the same tweak
+// offset: the two must be one extent.
+func continues(a, b Extent) bool {
+	return a.End() == b.Virt && a.PhysEnd() == b.Phys && a.TweakOff == b.TweakOff
+}
+
 // Segment is one piece of a Lookup result: either a hole or data mapped to Phys.
 type Segment struct {
 	Virt, Len uint64
 	Phys      uint64 // valid only when !Hole (and zero for holes)
-	Hole      bool
+	// Tweak is the tweak of block Virt (the next blocks' follow); valid
+	// only when !Hole (and zero for holes).
+	Tweak uint64
+	Hole  bool
 }
 
 // End returns the first virtual block after s (Virt+Len).
@@ -160,7 +177,8 @@ func (m *Map) NextHole(virt uint64) uint64 {
 // Lookup appends to dst the segments covering exactly [virt, virt+n), in
 // order, holes included, and returns the extended slice. n == 0 appends
 // nothing. Neighbouring data segments are never physically contiguous (that
-// follows from the merge invariant), so each data segment is one backend I/O.
+// follows from the merge invariant) unless their tweaks do not follow on,
+// so each data segment is one backend I/O or part of one.
 // Lookup does not allocate when dst has enough capacity.
 //
 // Lookup panics if virt+n overflows uint64: no caller can mean such a range.
@@ -178,7 +196,7 @@ func (m *Map) Lookup(dst []Segment, virt, n uint64) []Segment {
 	// from virt would miss it. For a small read it is often the only one.
 	if e, ok := m.floor(virt); ok && e.End() > virt {
 		stop := min(e.End(), end)
-		dst = append(dst, Segment{Virt: virt, Len: stop - virt, Phys: e.Phys + (virt - e.Virt)})
+		dst = append(dst, Segment{Virt: virt, Len: stop - virt, Phys: e.Phys + (virt - e.Virt), Tweak: virt + e.TweakOff})
 		pos = stop
 	}
 	if pos < end {
@@ -187,7 +205,7 @@ func (m *Map) Lookup(dst []Segment, virt, n uint64) []Segment {
 				dst = append(dst, Segment{Virt: pos, Len: e.Virt - pos, Hole: true})
 			}
 			stop := min(e.End(), end)
-			dst = append(dst, Segment{Virt: e.Virt, Len: stop - e.Virt, Phys: e.Phys})
+			dst = append(dst, Segment{Virt: e.Virt, Len: stop - e.Virt, Phys: e.Phys, Tweak: e.Tweak()})
 			pos = stop
 			return true
 		})
@@ -200,7 +218,7 @@ func (m *Map) Lookup(dst []Segment, virt, n uint64) []Segment {
 
 // Insert maps e, replacing whatever was mapped in [e.Virt, e.End()), and
 // merges it with the neighbours that are contiguous with it in both virtual
-// and physical space. The mappings previously in that range are appended to
+// and physical space and have its tweak offset. The mappings previously in that range are appended to
 // freed, clipped to the range and in Virt order, and the extended slice is
 // returned.
 //
@@ -232,12 +250,12 @@ func (m *Map) Insert(e Extent, freed []Extent) []Extent {
 	// [e.Virt, e.End()) is now a hole. An extent ending exactly at e.Virt
 	// and physically at e.Phys absorbs e: it has the same key as the merged
 	// result, so the ReplaceOrInsert below overwrites it.
-	if hasLeft && left.End() == e.Virt && left.PhysEnd() == e.Phys {
-		e = Extent{Virt: left.Virt, Phys: left.Phys, Len: left.Len + e.Len}
+	if hasLeft && continues(left, e) {
+		e = Extent{Virt: left.Virt, Phys: left.Phys, Len: left.Len + e.Len, TweakOff: e.TweakOff}
 	}
 	// An extent starting exactly at e.End() and physically at e.PhysEnd()
 	// is absorbed by e. Its key differs from e's, so it must be deleted.
-	if hasRight && right.Virt == e.End() && right.Phys == e.PhysEnd() {
+	if hasRight && continues(e, right) {
 		m.tree.Delete(right)
 		e.Len += right.Len
 	}
@@ -247,7 +265,7 @@ func (m *Map) Insert(e Extent, freed []Extent) []Extent {
 
 // Append adds e after every extent of the map: the bulk-load path for
 // extents read back in order (a checkpoint). It merges e into the last
-// extent when they are contiguous in both spaces, and fails, changing
+// extent when they are contiguous in both spaces with one tweak offset, and fails, changing
 // nothing, when e is empty, overflows, or does not start at or after the
 // end of the last extent. It is Insert without the search for overlaps.
 func (m *Map) Append(e Extent) error {
@@ -259,8 +277,8 @@ func (m *Map) Append(e Extent) error {
 		return fmt.Errorf("append %+v: starts before the end of the last extent %+v: %w", e, last, ErrInvariant)
 	}
 	m.blocks += e.Len
-	if ok && last.End() == e.Virt && last.PhysEnd() == e.Phys {
-		e = Extent{Virt: last.Virt, Phys: last.Phys, Len: last.Len + e.Len}
+	if ok && continues(last, e) {
+		e = Extent{Virt: last.Virt, Phys: last.Phys, Len: last.Len + e.Len, TweakOff: e.TweakOff}
 	}
 	m.tree.ReplaceOrInsert(e)
 	return nil
@@ -280,15 +298,15 @@ func (m *Map) Punch(virt, n uint64, freed []Extent) []Extent {
 	// An extent that starts before virt and reaches into the range keeps
 	// its head; the rest of it up to end is freed.
 	if e, ok := m.Before(virt); ok && e.End() > virt {
-		head := Extent{Virt: e.Virt, Phys: e.Phys, Len: virt - e.Virt}
+		head := Extent{Virt: e.Virt, Phys: e.Phys, Len: virt - e.Virt, TweakOff: e.TweakOff}
 		m.tree.ReplaceOrInsert(head) // same key as e: shortens it in place
-		cut := Extent{Virt: virt, Phys: head.PhysEnd(), Len: min(e.End(), end) - virt}
+		cut := Extent{Virt: virt, Phys: head.PhysEnd(), Len: min(e.End(), end) - virt, TweakOff: e.TweakOff}
 		freed = append(freed, cut)
 		m.blocks -= cut.Len
 		if e.End() > end {
 			// The range lies strictly inside e: its tail stays, and no
 			// other extent can overlap the range.
-			m.tree.ReplaceOrInsert(Extent{Virt: end, Phys: cut.PhysEnd(), Len: e.End() - end})
+			m.tree.ReplaceOrInsert(Extent{Virt: end, Phys: cut.PhysEnd(), Len: e.End() - end, TweakOff: e.TweakOff})
 			return freed
 		}
 	}
@@ -308,7 +326,7 @@ func (m *Map) Punch(virt, n uint64, freed []Extent) []Extent {
 	if first < len(freed) {
 		last := &freed[len(freed)-1]
 		if last.End() > end {
-			m.tree.ReplaceOrInsert(Extent{Virt: end, Phys: last.Phys + (end - last.Virt), Len: last.End() - end})
+			m.tree.ReplaceOrInsert(Extent{Virt: end, Phys: last.Phys + (end - last.Virt), Len: last.End() - end, TweakOff: last.TweakOff})
 			last.Len = end - last.Virt
 		}
 	}
@@ -364,8 +382,8 @@ func (m *Map) Check() error {
 			err = fmt.Errorf("%w: extents %+v and %+v out of order", ErrInvariant, prev, e)
 		case !first && prev.End() > e.Virt:
 			err = fmt.Errorf("%w: extents %+v and %+v overlap", ErrInvariant, prev, e)
-		case !first && prev.End() == e.Virt && prev.PhysEnd() == e.Phys:
-			err = fmt.Errorf("%w: extents %+v and %+v are contiguous in both spaces but not merged", ErrInvariant, prev, e)
+		case !first && continues(prev, e):
+			err = fmt.Errorf("%w: extents %+v and %+v are contiguous in both spaces with one tweak offset but not merged", ErrInvariant, prev, e)
 		}
 		if err != nil {
 			return false

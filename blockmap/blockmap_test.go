@@ -284,7 +284,9 @@ func TestLookup(t *testing.T) {
 	// 10..15 and 15..20 touch virtually but not physically; 20..25 is a hole.
 	exts := []Extent{{Virt: 10, Phys: 100, Len: 5}, {Virt: 15, Phys: 200, Len: 5}, {Virt: 25, Phys: 300, Len: 5}}
 	hole := func(v, n uint64) Segment { return Segment{Virt: v, Len: n, Hole: true} }
-	data := func(v, n, p uint64) Segment { return Segment{Virt: v, Len: n, Phys: p} }
+	// The extents here have tweak offset 0 (a plain disk's): a block's tweak
+	// is its virtual block.
+	data := func(v, n, p uint64) Segment { return Segment{Virt: v, Len: n, Phys: p, Tweak: v} }
 	tests := []struct {
 		name    string
 		exts    []Extent
@@ -302,6 +304,10 @@ func TestLookup(t *testing.T) {
 		{name: "everything", exts: exts, virt: 0, n: 40, want: []Segment{hole(0, 10), data(10, 5, 100), data(15, 5, 200), hole(20, 5), data(25, 5, 300), hole(30, 10)}},
 		{name: "empty map", virt: 3, n: 4, want: []Segment{hole(3, 4)}},
 		{name: "up to the top", exts: []Extent{{Virt: maxU - 2, Phys: 7, Len: 2}}, virt: maxU - 4, n: 4, want: []Segment{hole(maxU-4, 2), data(maxU-2, 2, 7)}},
+		// Contiguous in both spaces but not in tweaks: two extents, two
+		// segments, each with its own tweaks; the tweaks wrap modulo 2^64.
+		{name: "tweaks that do not follow on", exts: []Extent{{Virt: 10, Phys: 100, Len: 5, TweakOff: 3}, {Virt: 15, Phys: 105, Len: 5, TweakOff: maxU}},
+			virt: 12, n: 6, want: []Segment{{Virt: 12, Len: 3, Phys: 102, Tweak: 15}, {Virt: 15, Len: 3, Phys: 105, Tweak: 14}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -414,9 +420,10 @@ func TestCheckFindsViolations(t *testing.T) {
 		blocks uint64 // 0: the true sum
 		msg    string
 	}{
-		{name: "empty extent", exts: []Extent{{Virt: 1, Phys: 1, Len: 0}}, msg: "{Virt:1 Phys:1 Len:0} is empty"},
-		{name: "overlap", exts: []Extent{{Virt: 0, Phys: 0, Len: 5}, {Virt: 4, Phys: 100, Len: 5}}, msg: "{Virt:0 Phys:0 Len:5} and {Virt:4 Phys:100 Len:5} overlap"},
+		{name: "empty extent", exts: []Extent{{Virt: 1, Phys: 1, Len: 0}}, msg: "{Virt:1 Phys:1 Len:0 TweakOff:0} is empty"},
+		{name: "overlap", exts: []Extent{{Virt: 0, Phys: 0, Len: 5}, {Virt: 4, Phys: 100, Len: 5}}, msg: "{Virt:0 Phys:0 Len:5 TweakOff:0} and {Virt:4 Phys:100 Len:5 TweakOff:0} overlap"},
 		{name: "not merged", exts: []Extent{{Virt: 0, Phys: 0, Len: 5}, {Virt: 5, Phys: 5, Len: 5}}, msg: "not merged"},
+		{name: "not merged, one tweak offset", exts: []Extent{{Virt: 0, Phys: 0, Len: 5, TweakOff: 9}, {Virt: 5, Phys: 5, Len: 5, TweakOff: 9}}, msg: "not merged"},
 		{name: "virtual overflow", exts: []Extent{{Virt: maxU - 1, Phys: 0, Len: 2}}, msg: "Virt+Len overflows"},
 		{name: "physical overflow", exts: []Extent{{Virt: 0, Phys: maxU, Len: 1}}, msg: "Phys+Len overflows"},
 		{name: "wrong block count", exts: []Extent{{Virt: 0, Phys: 0, Len: 5}}, blocks: 6, msg: "Blocks() is 6 but the extents hold 5"},
@@ -573,7 +580,9 @@ func TestCloneConcurrentUse(t *testing.T) {
 // contiguous neighbours, and refuses anything out of order.
 func TestAppend(t *testing.T) {
 	m, ref := New(), New()
-	exts := []Extent{{0, 10, 2}, {2, 12, 3}, {9, 50, 1}, {10, 100, 5}}
+	// The last two continue {10, 100, 5} in both spaces but with another
+	// tweak offset: they merge with each other only.
+	exts := []Extent{{0, 10, 2, 0}, {2, 12, 3, 0}, {9, 50, 1, 0}, {10, 100, 5, 0}, {15, 105, 1, 7}, {16, 106, 2, 7}}
 	for _, e := range exts {
 		if err := m.Append(e); err != nil {
 			t.Fatal(err)
@@ -586,15 +595,15 @@ func TestAppend(t *testing.T) {
 	var got, want []Extent
 	m.Ascend(func(e Extent) bool { got = append(got, e); return true })
 	ref.Ascend(func(e Extent) bool { want = append(want, e); return true })
-	if fmt.Sprint(got) != fmt.Sprint(want) || m.Blocks() != ref.Blocks() || len(got) != 3 {
+	if fmt.Sprint(got) != fmt.Sprint(want) || m.Blocks() != ref.Blocks() || len(got) != 4 {
 		t.Fatalf("Append built %v (%d blocks), Insert %v (%d blocks)", got, m.Blocks(), want, ref.Blocks())
 	}
-	for _, bad := range []Extent{{14, 0, 1}, {0, 0, 0}, {20, math.MaxUint64, 2}} {
+	for _, bad := range []Extent{{17, 0, 1, 0}, {0, 0, 0, 0}, {20, math.MaxUint64, 2, 0}} {
 		if err := m.Append(bad); !errors.Is(err, ErrInvariant) {
 			t.Errorf("Append(%+v): %v, want ErrInvariant", bad, err)
 		}
 	}
-	if n := m.Len(); n != 3 {
+	if n := m.Len(); n != 4 {
 		t.Fatalf("refused appends changed the map: %d extents", n)
 	}
 }

@@ -19,13 +19,14 @@ import (
 // never mapped. Keeping the window small makes overlaps frequent; placing it
 // at the top of uint64 exercises the overflow edges.
 type model struct {
-	base   uint64
-	mapped []bool
-	phys   []uint64 // phys[i] is valid when mapped[i]
+	base     uint64
+	mapped   []bool
+	phys     []uint64 // phys[i] is valid when mapped[i]
+	tweakOff []uint64 // tweakOff[i] is valid when mapped[i]
 }
 
 func newModel(base uint64, size int) *model {
-	return &model{base: base, mapped: make([]bool, size), phys: make([]uint64, size)}
+	return &model{base: base, mapped: make([]bool, size), phys: make([]uint64, size), tweakOff: make([]uint64, size)}
 }
 
 // windowEnd is the first virtual block after the window.
@@ -33,42 +34,49 @@ func (md *model) windowEnd() uint64 { return md.base + uint64(len(md.mapped)) }
 
 // at returns the mapping of virtual block v.
 func (md *model) at(v uint64) (phys uint64, ok bool) {
+	phys, _, ok = md.atTweak(v)
+	return phys, ok
+}
+
+// atTweak returns the mapping of virtual block v with its tweak offset.
+func (md *model) atTweak(v uint64) (phys, tweakOff uint64, ok bool) {
 	if v < md.base || v >= md.windowEnd() {
-		return 0, false
+		return 0, 0, false
 	}
 	i := v - md.base
-	return md.phys[i], md.mapped[i]
+	return md.phys[i], md.tweakOff[i], md.mapped[i]
 }
 
 // extentsIn returns the mappings of [virt, end) as maximal extents: runs of
-// blocks contiguous in both spaces. This is exactly what the Map must hold
+// blocks contiguous in both spaces with one tweak offset. This is exactly what the Map must hold
 // (for the whole window) and what Insert and Punch must report as freed (for
 // the range they change), since a Map never holds two mergeable neighbours.
 func (md *model) extentsIn(virt, end uint64) []Extent {
 	var out []Extent
 	for v := max(virt, md.base); v < min(end, md.windowEnd()); v++ {
-		p, ok := md.at(v)
+		p, off, ok := md.atTweak(v)
 		if !ok {
 			continue
 		}
-		if n := len(out); n > 0 && out[n-1].End() == v && out[n-1].PhysEnd() == p {
+		if n := len(out); n > 0 && out[n-1].End() == v && out[n-1].PhysEnd() == p && out[n-1].TweakOff == off {
 			out[n-1].Len++
 			continue
 		}
-		out = append(out, Extent{Virt: v, Phys: p, Len: 1})
+		out = append(out, Extent{Virt: v, Phys: p, Len: 1, TweakOff: off})
 	}
 	return out
 }
 
 func (md *model) extents() []Extent { return md.extentsIn(md.base, md.windowEnd()) }
 
-// set maps [e.Virt, e.End()) to e.Phys onwards (or unmaps it when unmap).
-// The range must lie in the window.
-func (md *model) set(virt, n uint64, phys uint64, unmap bool) {
+// set maps [virt, virt+n) to phys onwards with tweakOff (or unmaps it
+// when unmap). The range must lie in the window.
+func (md *model) set(virt, n uint64, phys, tweakOff uint64, unmap bool) {
 	for k := uint64(0); k < n; k++ {
 		i := virt - md.base + k
 		md.mapped[i] = !unmap
 		md.phys[i] = phys + k
+		md.tweakOff[i] = tweakOff
 	}
 }
 
@@ -83,21 +91,21 @@ func (md *model) blocks() uint64 {
 }
 
 // lookup is the reference for Map.Lookup: block by block, merging holes with
-// holes and data with physically contiguous data.
+// holes and data with data that follows on physically and in tweaks.
 func (md *model) lookup(virt, n uint64) []Segment {
 	var out []Segment
 	for k := uint64(0); k < n; k++ {
 		v := virt + k
-		p, ok := md.at(v)
+		p, off, ok := md.atTweak(v)
 		if i := len(out) - 1; i >= 0 {
 			last := &out[i]
-			if !ok && last.Hole || ok && !last.Hole && last.Phys+last.Len == p {
+			if !ok && last.Hole || ok && !last.Hole && last.Phys+last.Len == p && last.Tweak+last.Len == v+off {
 				last.Len++
 				continue
 			}
 		}
 		if ok {
-			out = append(out, Segment{Virt: v, Len: 1, Phys: p})
+			out = append(out, Segment{Virt: v, Len: 1, Phys: p, Tweak: v + off})
 		} else {
 			out = append(out, Segment{Virt: v, Len: 1, Hole: true})
 		}
@@ -196,7 +204,7 @@ func (h *harness) insert(e Extent) {
 	h.ops++
 	want := h.md.extentsIn(e.Virt, e.End())
 	got := h.m.Insert(e, []Extent{sentinel})
-	h.md.set(e.Virt, e.Len, e.Phys, false)
+	h.md.set(e.Virt, e.Len, e.Phys, e.TweakOff, false)
 	h.checkFreed(fmt.Sprintf("Insert(%+v)", e), got, want)
 }
 
@@ -209,7 +217,7 @@ func (h *harness) punch(virt, n uint64) {
 	got := h.m.Punch(virt, n, []Extent{sentinel})
 	lo, hi := max(virt, h.md.base), min(end, h.md.windowEnd())
 	if lo < hi {
-		h.md.set(lo, hi-lo, 0, true)
+		h.md.set(lo, hi-lo, 0, 0, true)
 	}
 	h.checkFreed(fmt.Sprintf("Punch(%d, %d)", virt, n), got, want)
 }
@@ -316,6 +324,11 @@ func collect(m *Map) []Extent {
 	return out
 }
 
+// tweakOffs are the tweak offsets inserts use: few, so that neighbours
+// share one often and differ often; 0 is a plain disk's, and the largest
+// puts tweaks at the wrap of uint64.
+var tweakOffs = []uint64{0, 0, 5, math.MaxUint64}
+
 // randomOp applies one random operation. Inserts are shaped so that overlaps,
 // merges and identical rewrites all happen often.
 func (h *harness) randomOp(rng *rand.Rand) {
@@ -337,7 +350,7 @@ func (h *harness) randomOp(rng *rand.Rand) {
 		n := randLen(md.windowEnd() - virt)
 		n = min(n, physSize)
 		phys := h.physLo + rng.Uint64N(physSize-n+1)
-		h.insert(Extent{Virt: virt, Phys: phys, Len: n})
+		h.insert(Extent{Virt: virt, Phys: phys, Len: n, TweakOff: tweakOffs[rng.IntN(len(tweakOffs))]})
 	case r < 45: // continue an extent in both spaces: a sequential write
 		exts := md.extents()
 		if len(exts) == 0 {
@@ -348,7 +361,11 @@ func (h *harness) randomOp(rng *rand.Rand) {
 			return
 		}
 		n := randLen(min(md.windowEnd()-prev.End(), h.physHi-prev.PhysEnd()))
-		h.insert(Extent{Virt: prev.End(), Phys: prev.PhysEnd(), Len: n})
+		off := prev.TweakOff // mostly a write that continues the tweaks too
+		if rng.IntN(4) == 0 {
+			off = tweakOffs[rng.IntN(len(tweakOffs))]
+		}
+		h.insert(Extent{Virt: prev.End(), Phys: prev.PhysEnd(), Len: n, TweakOff: off})
 	case r < 52: // fill a hole back with what was there: merges on both sides
 		exts := md.extents()
 		if len(exts) == 0 {
@@ -358,7 +375,7 @@ func (h *harness) randomOp(rng *rand.Rand) {
 		off := rng.Uint64N(e.Len)
 		n := 1 + rng.Uint64N(e.Len-off)
 		h.punch(e.Virt+off, n)
-		h.insert(Extent{Virt: e.Virt + off, Phys: e.Phys + off, Len: n})
+		h.insert(Extent{Virt: e.Virt + off, Phys: e.Phys + off, Len: n, TweakOff: e.TweakOff})
 	case r < 57: // rewrite a mapped range with its own mapping
 		exts := md.extents()
 		if len(exts) == 0 {
@@ -366,7 +383,7 @@ func (h *harness) randomOp(rng *rand.Rand) {
 		}
 		e := exts[rng.IntN(len(exts))]
 		off := rng.Uint64N(e.Len)
-		h.insert(Extent{Virt: e.Virt + off, Phys: e.Phys + off, Len: 1 + rng.Uint64N(e.Len-off)})
+		h.insert(Extent{Virt: e.Virt + off, Phys: e.Phys + off, Len: 1 + rng.Uint64N(e.Len-off), TweakOff: e.TweakOff})
 	case r < 80: // punch a short range, possibly outside the window
 		virt := md.base + rng.Uint64N(size)
 		if rng.IntN(10) == 0 && md.base > 0 {
@@ -494,7 +511,7 @@ func FuzzMapOps(f *testing.F) {
 			switch op % 6 {
 			case 0: // insert at a, b+1 blocks (clipped to the window), at phys c
 				n := min(b+1, 256-a)
-				h.insert(Extent{Virt: virt, Phys: h.physLo + c, Len: n})
+				h.insert(Extent{Virt: virt, Phys: h.physLo + c, Len: n, TweakOff: tweakOffs[int(c)%len(tweakOffs)]})
 			case 1: // punch a, len b, or to the end when b == 255
 				n := b
 				if b == 255 {
@@ -508,7 +525,7 @@ func FuzzMapOps(f *testing.F) {
 			case 4: // continue the extent before a in both spaces, for b+1 blocks
 				prev, ok := h.m.Before(virt)
 				if n := min(b+1, h.md.windowEnd()-prev.End(), h.physHi-prev.PhysEnd()); ok && n > 0 {
-					h.insert(Extent{Virt: prev.End(), Phys: prev.PhysEnd(), Len: n})
+					h.insert(Extent{Virt: prev.End(), Phys: prev.PhysEnd(), Len: n, TweakOff: tweakOffs[int(c)%len(tweakOffs)]})
 				}
 			case 5:
 				if len(h.frozen) > 0 {
