@@ -10,8 +10,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"unicode/utf8"
 
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
 )
@@ -32,6 +34,12 @@ const (
 	// featShared is the incompatible feature bit of version 2: physical
 	// blocks may be referenced by more than one map (clones, snapshots).
 	featShared = 1
+	// cryptVersion is the version of a store that may hold encrypted
+	// disks: version 2 plus their records (recMapTweak, recCrypt) and
+	// checkpoint fields (diskFlagEncrypted). This file encodes and decodes
+	// them; a superblock of version 3 is refused (ErrVersion): the data
+	// path does not encrypt.
+	cryptVersion = 3
 
 	superAOffset  = 0        // first superblock copy
 	superBOffset  = pageSize // second superblock copy
@@ -317,6 +325,19 @@ const (
 	// Version 2 (featShared):
 	recClone = 9  // [virt, virt+len) is unmapped, then maps what [srcVirt, +len) of disk src maps, sharing it
 	recFlags = 10 // a disk's flags (diskFlagSnapshot, diskFlagClone), origin disk and identity
+	// Version 3 (encrypted disks):
+	recMapTweak = 11 // recMap on an encrypted disk, with the tweak of block virt (the next blocks' follow)
+	recCrypt    = 12 // a disk is encrypted: the tweak base of its new blocks and its key slot table
+)
+
+// Bounds of recCrypt and of an encrypted disk in a checkpoint. Part of the
+// format.
+const (
+	// maxTweakBase bounds a disk's tweak base: the tweak of a new block is
+	// the base plus its virtual block (below 2^50), so it never wraps.
+	maxTweakBase = 1<<63 - 1
+	// maxSlotTable bounds an encoded key slot table (crypt.MaxSlots slots).
+	maxSlotTable = 4096
 )
 
 // diskAttr is what the catalog keeps of a disk besides its map.
@@ -339,6 +360,8 @@ type record struct {
 	SrcVirt   uint64   // recClone
 	Flags     uint32   // recFlags
 	UUID      [16]byte // recFlags: the disk's identity (zero: none)
+	Tweak     uint64   // recMapTweak: the tweak of block Virt; recCrypt: the tweak base
+	Slots     string   // recCrypt: the encoded key slot table (package crypt)
 }
 
 // appendRecord encodes r onto b.
@@ -359,6 +382,8 @@ func appendRecord(b []byte, r *record) []byte {
 	case recUnlink, recDelete:
 	case recMap:
 		b = appendUint64s(b, r.Virt, r.Phys, r.Len)
+	case recMapTweak:
+		b = appendUint64s(b, r.Virt, r.Phys, r.Len, r.Tweak)
 	case recPunch:
 		b = appendUint64s(b, r.Virt, r.Len)
 	case recClone:
@@ -367,6 +392,9 @@ func appendRecord(b []byte, r *record) []byte {
 		b = le.AppendUint32(b, r.Flags)
 		b = le.AppendUint64(b, r.Src)
 		b = append(b, r.UUID[:]...)
+	case recCrypt:
+		b = le.AppendUint64(b, r.Tweak)
+		b = appendString16(b, r.Slots)
 	default:
 		panic(fmt.Sprintf("image: encoding unknown record type %d", r.Type))
 	}
@@ -395,9 +423,12 @@ func appendAttr(b []byte, a *diskAttr, withSize bool) []byte {
 	return b
 }
 
-func appendName(b []byte, name string) []byte {
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(name)))
-	return append(b, name...)
+func appendName(b []byte, name string) []byte { return appendString16(b, name) }
+
+// appendString16 appends p with its length as a u16 before it.
+func appendString16(b []byte, p string) []byte {
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(p)))
+	return append(b, p...)
 }
 
 // decoder reads little-endian fields from a byte slice and remembers the
@@ -463,6 +494,7 @@ func (d *decoder) attr(withSize bool) diskAttr {
 	return a
 }
 
+// name reads what appendString16 wrote (a name, a key slot table).
 func (d *decoder) name() string {
 	n := int(d.u16())
 	return string(d.take(n))
@@ -496,6 +528,11 @@ func decodeRecords(payload []byte, count uint32) ([]record, error) {
 		case recFlags:
 			r.Flags, r.Src = d.u32(), d.u64()
 			copy(r.UUID[:], d.take(16))
+		case recMapTweak:
+			r.Virt, r.Phys, r.Len, r.Tweak = d.u64(), d.u64(), d.u64(), d.u64()
+		case recCrypt:
+			r.Tweak = d.u64()
+			r.Slots = d.name()
 		default:
 			if d.err == nil {
 				return nil, fmt.Errorf("record %d: unknown type %d: %w", i, r.Type, ErrCorrupt)
@@ -524,9 +561,16 @@ func (r *record) validate() error {
 		if r.Attr.Size < 0 || r.Attr.Size > MaxDiskSize {
 			return fmt.Errorf("disk %d size %d out of range: %w", r.ID, r.Attr.Size, ErrCorrupt)
 		}
-	case recMap, recPunch:
+	case recMap, recPunch, recMapTweak:
 		if r.Len == 0 || r.Virt+r.Len < r.Virt || r.Phys+r.Len < r.Phys {
 			return fmt.Errorf("disk %d extent [%d,+%d) overflows: %w", r.ID, r.Virt, r.Len, ErrCorrupt)
+		}
+		if r.Type == recMapTweak && r.Len-1 > math.MaxUint64-r.Tweak {
+			return fmt.Errorf("disk %d extent [%d,+%d) tweaks from %d wrap: %w", r.ID, r.Virt, r.Len, r.Tweak, ErrCorrupt)
+		}
+	case recCrypt:
+		if err := validateCrypt(r.Tweak, r.Slots); err != nil {
+			return fmt.Errorf("disk %d: %w", r.ID, err)
 		}
 	case recClone:
 		if r.Len == 0 || r.Virt+r.Len < r.Virt || r.SrcVirt+r.Len < r.SrcVirt {
@@ -536,6 +580,21 @@ func (r *record) validate() error {
 		if r.Flags&^(diskFlagSnapshot|diskFlagClone) != 0 {
 			return fmt.Errorf("disk %d flags %#x: %w", r.ID, r.Flags, ErrCorrupt)
 		}
+	}
+	return nil
+}
+
+// validateCrypt checks an encrypted disk's tweak base and key slot table
+// (recCrypt, a checkpoint's encrypted disk).
+func validateCrypt(tweakBase uint64, slots string) error {
+	if tweakBase > maxTweakBase {
+		return fmt.Errorf("tweak base %#x above %#x: %w", tweakBase, uint64(maxTweakBase), ErrCorrupt)
+	}
+	if len(slots) > maxSlotTable {
+		return fmt.Errorf("key slot table of %d bytes: %w", len(slots), ErrCorrupt)
+	}
+	if _, err := crypt.DecodeSlotTable([]byte(slots)); err != nil {
+		return fmt.Errorf("key slots: %w: %w", ErrCorrupt, err)
 	}
 	return nil
 }
@@ -573,25 +632,36 @@ const (
 	diskFlagOrphan   = 1 // unlinked while open: no name, freed at next open
 	diskFlagSnapshot = 2 // a snapshot: read only (version 2)
 	diskFlagClone    = 4 // made by copying the whole of its origin (version 2)
+	// diskFlagEncrypted: an encrypted disk (version 3, checkpoint only:
+	// recCrypt makes a disk encrypted in the journal).
+	diskFlagEncrypted = 8
 )
 
 type ckptDisk struct {
-	ID      uint64
-	Attr    diskAttr
-	Flags   uint32
-	Origin  uint64   // version 2: the disk it is a snapshot or clone of (0: none)
-	UUID    [16]byte // version 2: the disk's identity across stores (zero: none)
-	Name    string
-	Extents []extentRec
+	ID     uint64
+	Attr   diskAttr
+	Flags  uint32
+	Origin uint64   // version 2: the disk it is a snapshot or clone of (0: none)
+	UUID   [16]byte // version 2: the disk's identity across stores (zero: none)
+	// TweakBase and Slots: version 3, diskFlagEncrypted only (as in recCrypt).
+	TweakBase uint64
+	Slots     string
+	Name      string
+	Extents   []extentRec
 }
 
-// extentRec is a map extent as stored: virtual block, physical block, length.
+// encrypted says the disk has diskFlagEncrypted: its extents carry tweaks.
+func (cd *ckptDisk) encrypted() bool { return cd.Flags&diskFlagEncrypted != 0 }
+
+// extentRec is a map extent as stored: virtual block, physical block,
+// length, and on an encrypted disk the tweak of block Virt.
 type extentRec struct {
 	Virt, Phys, Len uint64
+	Tweak           uint64
 }
 
 type checkpoint struct {
-	Version uint32 // formatVersion, or sharedVersion
+	Version uint32 // formatVersion, sharedVersion or cryptVersion
 	Seq     uint64
 	UUID    [16]byte
 	NextID  uint64
@@ -604,10 +674,16 @@ type checkpoint struct {
 // for given counts of disks, name bytes, extents, free and shared extents.
 func ckptSize(version uint32, disks, nameBytes, extents, free, shared int) int {
 	n := ckptHeaderLen + disks*(8+8+4+4+4+4+24+2+8) + nameBytes + extents*24 + free*16
-	if version == sharedVersion {
+	if version >= sharedVersion {
 		n += disks*(8+16) + shared*20
 	}
 	return n
+}
+
+// ckptCryptSize is what a version-3 checkpoint holds beyond ckptSize: for
+// each encrypted disk its tweak base and slot table, and a tweak per extent.
+func ckptCryptSize(encrypted, slotBytes, extents int) int {
+	return encrypted*(8+2) + slotBytes + extents*8
 }
 
 func (c *checkpoint) encode(b []byte) []byte {
@@ -630,9 +706,13 @@ func (c *checkpoint) encode(b []byte) []byte {
 		b = le.AppendUint32(b, d.Attr.UID)
 		b = le.AppendUint32(b, d.Attr.GID)
 		b = le.AppendUint32(b, d.Flags)
-		if c.Version == sharedVersion {
+		if c.Version >= sharedVersion {
 			b = le.AppendUint64(b, d.Origin)
 			b = append(b, d.UUID[:]...)
+		}
+		if d.encrypted() {
+			b = le.AppendUint64(b, d.TweakBase)
+			b = appendString16(b, d.Slots)
 		}
 		b = le.AppendUint64(b, uint64(d.Attr.Atime))
 		b = le.AppendUint64(b, uint64(d.Attr.Mtime))
@@ -643,6 +723,9 @@ func (c *checkpoint) encode(b []byte) []byte {
 			b = le.AppendUint64(b, e.Virt)
 			b = le.AppendUint64(b, e.Phys)
 			b = le.AppendUint64(b, e.Len)
+			if d.encrypted() {
+				b = le.AppendUint64(b, e.Tweak)
+			}
 		}
 	}
 	for _, f := range c.Free {
@@ -670,7 +753,7 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 		return nil, fmt.Errorf("checkpoint: bad magic %q: %w", b[0:4], ErrCorrupt)
 	}
 	c := &checkpoint{Version: le.Uint32(b[4:]), Seq: le.Uint64(b[8:]), NextID: le.Uint64(b[32:])}
-	if c.Version != formatVersion && c.Version != sharedVersion {
+	if c.Version != formatVersion && c.Version != sharedVersion && c.Version != cryptVersion {
 		return nil, fmt.Errorf("checkpoint: version %d: %w", c.Version, ErrVersion)
 	}
 	copy(c.UUID[:], b[16:32])
@@ -699,9 +782,21 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 		cd.Attr.UID = d.u32()
 		cd.Attr.GID = d.u32()
 		cd.Flags = d.u32()
-		if c.Version == sharedVersion {
+		if c.Version >= sharedVersion {
 			cd.Origin = d.u64()
 			copy(cd.UUID[:], d.take(16))
+		}
+		if cd.encrypted() {
+			if c.Version < cryptVersion {
+				return nil, fmt.Errorf("checkpoint: disk %d is encrypted in version %d: %w", cd.ID, c.Version, ErrCorrupt)
+			}
+			cd.TweakBase = d.u64()
+			cd.Slots = d.name()
+			if d.err == nil {
+				if err := validateCrypt(cd.TweakBase, cd.Slots); err != nil {
+					return nil, fmt.Errorf("checkpoint: disk %d: %w", cd.ID, err)
+				}
+			}
 		}
 		cd.Attr.Atime = int64(d.u64())
 		cd.Attr.Mtime = int64(d.u64())
@@ -711,7 +806,11 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 		if d.err != nil {
 			return nil, fmt.Errorf("checkpoint: disk %d: %w", i, d.err)
 		}
-		if n > uint64(len(b)-d.off)/24 {
+		extLen := uint64(24)
+		if cd.encrypted() {
+			extLen = 32
+		}
+		if n > uint64(len(b)-d.off)/extLen {
 			return nil, fmt.Errorf("checkpoint: disk %d claims %d extents, more than the stream holds: %w", cd.ID, n, ErrCorrupt)
 		}
 		if cd.Attr.Size < 0 || cd.Attr.Size > MaxDiskSize {
@@ -720,7 +819,10 @@ func decodeCheckpoint(b []byte, uuid [16]byte) (*checkpoint, error) {
 		cd.Extents = make([]extentRec, n)
 		for j := range cd.Extents {
 			e := extentRec{Virt: d.u64(), Phys: d.u64(), Len: d.u64()}
-			if e.Len == 0 || e.Virt+e.Len < e.Virt || e.Phys+e.Len < e.Phys {
+			if cd.encrypted() {
+				e.Tweak = d.u64()
+			}
+			if e.Len == 0 || e.Virt+e.Len < e.Virt || e.Phys+e.Len < e.Phys || e.Len-1 > math.MaxUint64-e.Tweak {
 				return nil, fmt.Errorf("checkpoint: disk %d extent %d [%d,+%d) is empty or overflows: %w", cd.ID, j, e.Virt, e.Len, ErrCorrupt)
 			}
 			if j > 0 && e.Virt < cd.Extents[j-1].Virt+cd.Extents[j-1].Len {

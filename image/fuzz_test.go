@@ -53,6 +53,8 @@ func FuzzJournalCommit(f *testing.F) {
 		{Type: recAttr, ID: 1, Attr: diskAttr{Mode: 0o600}},
 		{Type: recUnlink, ID: 1},
 		{Type: recDelete, ID: 1},
+		{Type: recMapTweak, ID: 2, Virt: 4, Phys: 8, Len: 2, Tweak: 1 << 40},
+		{Type: recCrypt, ID: 2, Tweak: 1 << 40, Slots: testSlotTable(f)},
 	}
 	var payload []byte
 	for i := range recs {
@@ -90,11 +92,16 @@ func FuzzJournalCommit(f *testing.F) {
 func FuzzCheckpoint(f *testing.F) {
 	var uuid [16]byte
 	c := &checkpoint{Seq: 4, UUID: uuid, NextID: 3, Disks: []ckptDisk{
-		{ID: 1, Attr: diskAttr{Size: 1 << 20}, Name: "a.raw", Extents: []extentRec{{0, 10, 5}, {8, 100, 2}}},
+		{ID: 1, Attr: diskAttr{Size: 1 << 20}, Name: "a.raw", Extents: []extentRec{{0, 10, 5, 0}, {8, 100, 2, 0}}},
 		{ID: 2, Flags: diskFlagOrphan, Name: "b.raw"},
 	}, Free: []pext{{Start: 0, Len: 10}, {Start: 200, Len: 50}}}
 	f.Add(c.encode(nil))
 	f.Add((&checkpoint{UUID: uuid}).encode(nil))
+	c.Version = cryptVersion
+	c.Disks[1].Flags |= diskFlagEncrypted
+	c.Disks[1].Slots = testSlotTable(f)
+	c.Disks[1].Extents = []extentRec{{Virt: 3, Phys: 30, Len: 2, Tweak: 5}}
+	f.Add(c.encode(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := decodeCheckpoint(b, uuid)
 		if err != nil {

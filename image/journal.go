@@ -494,6 +494,9 @@ func (s *Store) applyRecord(r *record, seq uint64) {
 			delete(s.mu.names, d.name)
 		}
 		delete(s.mu.disks, d.id)
+	case recMapTweak, recCrypt:
+		// Encrypted disks: a store of version 3, which Open refuses.
+		bad("record type %d in a store of version %d", r.Type, s.sb.version())
 	case recClone, recFlags:
 		if s.sb.version() != sharedVersion {
 			bad("record type %d in a store of version %d", r.Type, s.sb.version())
