@@ -218,9 +218,9 @@ func (m *Map) Lookup(dst []Segment, virt, n uint64) []Segment {
 
 // Insert maps e, replacing whatever was mapped in [e.Virt, e.End()), and
 // merges it with the neighbours that are contiguous with it in both virtual
-// and physical space and have its tweak offset. The mappings previously in that range are appended to
-// freed, clipped to the range and in Virt order, and the extended slice is
-// returned.
+// and physical space and have its tweak offset. The mappings previously in
+// that range are appended to freed, clipped to the range and in Virt order,
+// and the extended slice is returned.
 //
 // freed lists mappings that were removed, not physical blocks that became
 // unused: if e maps some of the same physical blocks again (re-applying a
@@ -248,13 +248,15 @@ func (m *Map) Insert(e Extent, freed []Extent) []Extent {
 	m.blocks += e.Len
 
 	// [e.Virt, e.End()) is now a hole. An extent ending exactly at e.Virt
-	// and physically at e.Phys absorbs e: it has the same key as the merged
-	// result, so the ReplaceOrInsert below overwrites it.
+	// and physically at e.Phys, with e's tweak offset, absorbs e: it has the
+	// same key as the merged result, so the ReplaceOrInsert below
+	// overwrites it.
 	if hasLeft && continues(left, e) {
 		e = Extent{Virt: left.Virt, Phys: left.Phys, Len: left.Len + e.Len, TweakOff: e.TweakOff}
 	}
-	// An extent starting exactly at e.End() and physically at e.PhysEnd()
-	// is absorbed by e. Its key differs from e's, so it must be deleted.
+	// An extent starting exactly at e.End() and physically at e.PhysEnd(),
+	// with e's tweak offset, is absorbed by e. Its key differs from e's, so
+	// it must be deleted.
 	if hasRight && continues(e, right) {
 		m.tree.Delete(right)
 		e.Len += right.Len
@@ -265,9 +267,9 @@ func (m *Map) Insert(e Extent, freed []Extent) []Extent {
 
 // Append adds e after every extent of the map: the bulk-load path for
 // extents read back in order (a checkpoint). It merges e into the last
-// extent when they are contiguous in both spaces with one tweak offset, and fails, changing
-// nothing, when e is empty, overflows, or does not start at or after the
-// end of the last extent. It is Insert without the search for overlaps.
+// extent when they are contiguous in both spaces with one tweak offset, and
+// fails, changing nothing, when e is empty, overflows, or does not start at
+// or after the end of the last extent. It is Insert without the search for overlaps.
 func (m *Map) Append(e Extent) error {
 	if e.Len == 0 || e.Len > math.MaxUint64-e.Virt || e.Len > math.MaxUint64-e.Phys {
 		return fmt.Errorf("append %+v: empty or overflowing extent: %w", e, ErrInvariant)
