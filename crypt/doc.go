@@ -40,8 +40,8 @@
 // # Key material
 //
 // Data keys, KEKs and secrets live in their own anonymous mappings, locked
-// in RAM and left out of core dumps, and are zeroed on Close (see
-// lockedBuf). Three copies escape that and are out of this package's
+// in RAM, left out of core dumps and wiped in a forked child, and are
+// zeroed on Close (see lockedBuf). Three copies escape that and are out of this package's
 // reach: the AES key schedules crypto/aes keeps in the Go heap for as long
 // as a Cipher or a slot's AEAD lives, HMAC's padded copy of the key while
 // a check value is computed, and the KDFs' heap results, which are copied

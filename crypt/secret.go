@@ -24,9 +24,10 @@ const (
 // lockedBuf holds key material outside the Go heap, so that neither the
 // garbage collector nor a stack copy leaves a copy of it behind: a private
 // anonymous mapping of whole pages, locked in RAM (mlock, so it is never
-// written to swap) and left out of core dumps (MADV_DONTDUMP). Both are
-// best effort: a small RLIMIT_MEMLOCK refuses the lock, and the buffer is
-// used anyway. close zeroes the bytes and unmaps them.
+// written to swap), left out of core dumps (MADV_DONTDUMP) and zeroed in
+// a child a fork makes (MADV_WIPEONFORK). All three are best effort: a
+// small RLIMIT_MEMLOCK refuses the lock, an old kernel the advice, and the
+// buffer is used anyway. close zeroes the bytes and unmaps them.
 type lockedBuf struct {
 	mem []byte // the whole mapping
 	n   int    // bytes in use, mem[:n]
@@ -38,8 +39,10 @@ func newLockedBuf(n int) (*lockedBuf, error) {
 	if err != nil {
 		return nil, fmt.Errorf("crypt: mapping key memory: %w", err)
 	}
-	_ = unix.Mlock(mem)                       // best effort, see lockedBuf
-	_ = unix.Madvise(mem, unix.MADV_DONTDUMP) // best effort, see lockedBuf
+	// Best effort, see lockedBuf.
+	_ = unix.Mlock(mem)
+	_ = unix.Madvise(mem, unix.MADV_DONTDUMP)
+	_ = unix.Madvise(mem, unix.MADV_WIPEONFORK)
 	return &lockedBuf{mem: mem, n: n}, nil
 }
 

@@ -135,8 +135,9 @@ func TestSecretConstructorsCheckLength(t *testing.T) {
 }
 
 // TestKeyMemoryIsLockedAndNotDumped finds a data key's mapping in
-// /proc/self/smaps and checks its flags: dd (MADV_DONTDUMP) always, lo
-// (mlock) when RLIMIT_MEMLOCK allows a page. After Close the key is gone:
+// /proc/self/smaps and checks its flags: dd (MADV_DONTDUMP) and wf
+// (MADV_WIPEONFORK, Linux 4.14 on) always, lo (mlock) when RLIMIT_MEMLOCK
+// allows a page. After Close the key is gone:
 // its mapping is unmapped and using the key panics.
 func TestKeyMemoryIsLockedAndNotDumped(t *testing.T) {
 	k, err := NewDataKey()
@@ -153,6 +154,9 @@ func TestKeyMemoryIsLockedAndNotDumped(t *testing.T) {
 	}
 	if !flags["dd"] {
 		t.Error("key memory is not excluded from core dumps (no dd flag)")
+	}
+	if !flags["wf"] {
+		t.Error("key memory is not wiped in a forked child (no wf flag)")
 	}
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil {
