@@ -78,15 +78,15 @@ func TestFillAims(t *testing.T) {
 		want string
 	}{
 		{"before", []blockmap.Segment{{Virt: 10, Len: 2, Phys: 500}, hole(12, 3)}, Neighbours{},
-			"[{10 2 500 false} {12 3 502 false}]"},
+			"[{10 2 500 0 false} {12 3 502 0 false}]"},
 		{"after", []blockmap.Segment{hole(10, 2), {Virt: 12, Len: 2, Phys: 700}}, Neighbours{},
-			"[{10 2 698 false} {12 2 700 false}]"},
+			"[{10 2 698 0 false} {12 2 700 0 false}]"},
 		{"prev neighbour", []blockmap.Segment{hole(20, 4)}, Neighbours{Prev: blockmap.Extent{Virt: 0, Phys: 300, Len: 10}, HasPrev: true},
-			"[{20 4 320 false}]"},
+			"[{20 4 320 0 false}]"},
 		{"next neighbour", []blockmap.Segment{hole(20, 4)}, Neighbours{Next: blockmap.Extent{Virt: 30, Phys: 900, Len: 1}, HasNext: true},
-			"[{20 4 890 false}]"},
-		{"base", []blockmap.Segment{hole(20, 4)}, Neighbours{}, "[{20 4 2020 false}]"},
-		{"cow base", []blockmap.Segment{hole(20, 4)}, Neighbours{CoW: true}, "[{20 4 3020 false}]"},
+			"[{20 4 890 0 false}]"},
+		{"base", []blockmap.Segment{hole(20, 4)}, Neighbours{}, "[{20 4 2020 0 false}]"},
+		{"cow base", []blockmap.Segment{hole(20, 4)}, Neighbours{CoW: true}, "[{20 4 3020 0 false}]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sp := newFakeSpace(t)
@@ -137,12 +137,12 @@ func TestFillUnits(t *testing.T) {
 	sp.units, sp.ub = map[uint64]*Unit{}, ub
 	lazy := Neighbours{Lazy: true, First: 300, Count: 1}
 	out, _, err := Fill(nil, nil, []blockmap.Segment{hole(300, 1)}, lazy, sp, bs, true)
-	if err != nil || fmt.Sprint(out) != "[{300 1 2300 false}]" || sp.resolved != 1 {
-		t.Fatalf("first write into a unit: %v, %v, neighbours looked up %d times; want [{300 1 2300 false}], once", out, err, sp.resolved)
+	if err != nil || fmt.Sprint(out) != "[{300 1 2300 0 false}]" || sp.resolved != 1 {
+		t.Fatalf("first write into a unit: %v, %v, neighbours looked up %d times; want [{300 1 2300 0 false}], once", out, err, sp.resolved)
 	}
 	out, _, err = Fill(nil, nil, []blockmap.Segment{hole(260, 2)}, Neighbours{Lazy: true, First: 260, Count: 2}, sp, bs, true)
-	if err != nil || fmt.Sprint(out) != "[{260 2 2260 false}]" || sp.resolved != 1 {
-		t.Fatalf("second write into the unit: %v, %v, neighbours looked up %d times; want [{260 2 2260 false}], still once", out, err, sp.resolved)
+	if err != nil || fmt.Sprint(out) != "[{260 2 2260 0 false}]" || sp.resolved != 1 {
+		t.Fatalf("second write into the unit: %v, %v, neighbours looked up %d times; want [{260 2 2260 0 false}], still once", out, err, sp.resolved)
 	}
 	big := uint64(PrepareBelow / bs)
 	sp.prepared = nil
