@@ -185,7 +185,7 @@ func (n *diskNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	if err != nil {
 		return nil, 0, n.vfs.toErrno(err, "open", n.fields())
 	}
-	if err := writableFor(h, flags); err != nil {
+	if err := openableFor(h, flags); err != nil {
 		h.Close()
 		return nil, 0, n.vfs.toErrno(err, "open", n.fields())
 	}
@@ -202,17 +202,25 @@ func (n *diskNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	return f, fuseFlags, 0
 }
 
-// writableFor refuses an open for writing (O_WRONLY, O_RDWR) of a
+// openableFor refuses an open for writing (O_WRONLY, O_RDWR) of a
 // snapshot with image.ErrReadOnlyDisk (EROFS), as a read-only file system
 // refuses it: a snapshot never has a handle that could write, so writes,
 // fallocate and copies into it fail at the open already (EROFS for the
 // caller, not EBADF later). Read-only opens, and chmod, chown and utimes
 // of a snapshot, are allowed: its attributes are not its data.
-func writableFor(h *image.Disk, flags uint32) error {
+//
+// An encrypted disk whose key has not been given is refused any open with
+// image.ErrLocked (ENOKEY, logged with the disk's name): it has no data to
+// show.
+func openableFor(h *image.Disk, flags uint32) error {
+	info := h.Stat()
+	if info.Locked {
+		return fmt.Errorf("open disk %q: %w", info.Name, image.ErrLocked)
+	}
 	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
 		return nil
 	}
-	if info := h.Stat(); info.Snapshot {
+	if info.Snapshot {
 		return fmt.Errorf("open disk %q for writing: %w", info.Name, image.ErrReadOnlyDisk)
 	}
 	return nil

@@ -35,6 +35,14 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.ENXIO
 	case errors.Is(err, image.ErrReadOnly), errors.Is(err, image.ErrReadOnlyDisk):
 		return syscall.EROFS
+	case errors.Is(err, image.ErrLocked):
+		return syscall.ENOKEY
+	case errors.Is(err, image.ErrWrongKey):
+		return syscall.EKEYREJECTED
+	case errors.Is(err, image.ErrCrossKey):
+		return syscall.EXDEV
+	case errors.Is(err, image.ErrNotEncrypted):
+		return syscall.EINVAL
 	case errors.As(err, &errno) && errno != 0:
 		return errno
 	}

@@ -32,6 +32,9 @@ func TestErrnoOf(t *testing.T) {
 		{wrap(image.ErrNoData), syscall.ENXIO},
 		{wrap(image.ErrReadOnly), syscall.EROFS},
 		{wrap(image.ErrReadOnlyDisk), syscall.EROFS},
+		{wrap(image.ErrLocked), syscall.ENOKEY},
+		{wrap(image.ErrWrongKey), syscall.EKEYREJECTED},
+		{wrap(image.ErrCrossKey), syscall.EXDEV},
 		{wrap(image.ErrClosed), syscall.EIO},
 		{wrap(image.ErrCorrupt), syscall.EIO},
 		{wrap(fmt.Errorf("%w: %w", image.ErrFailed, syscall.ENOSPC)), syscall.EIO}, // failed wins

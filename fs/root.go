@@ -122,7 +122,7 @@ func (r *rootNode) Create(ctx context.Context, name string, flags uint32, mode u
 	if err != nil {
 		return nil, nil, 0, r.vfs.toErrno(err, "create", fields)
 	}
-	if err := writableFor(h, flags); err != nil {
+	if err := openableFor(h, flags); err != nil {
 		h.Close()
 		return nil, nil, 0, r.vfs.toErrno(err, "create", fields)
 	}

@@ -238,9 +238,9 @@ func badStoreCases() []badStoreCase {
 		}, ErrCorrupt, "checkpoint", false},
 		{"future format version", func(t *testing.T, p string) {
 			goodStore(t, p)
-			patchFile(t, p, 8, u32(3))
-			patchFile(t, p, 4096+8, u32(3))
-		}, ErrVersion, "format version 3, this build reads versions 1 and 2", false},
+			patchFile(t, p, 8, u32(4))
+			patchFile(t, p, 4096+8, u32(4))
+		}, ErrVersion, "format version 4, this build reads versions 1 to 3", false},
 		{"unknown incompatible feature", func(t *testing.T, p string) {
 			goodStore(t, p)
 			editSuperblocks(t, p, 2, func(sb *superblock) { sb.Features = 1 << 7 })
@@ -329,7 +329,7 @@ func TestOpenBadStoreFiles(t *testing.T) {
 func TestFutureVersionInOneCopy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "store.img")
 	goodStore(t, path)
-	patchFile(t, path, 8, binary.LittleEndian.AppendUint32(nil, 3))
+	patchFile(t, path, 8, binary.LittleEndian.AppendUint32(nil, 4))
 	for _, opts := range []Options{{ReadOnly: true, Tolerant: true}, {}, {Repair: true}} {
 		opts.CommitInterval, opts.Logger = -1, quietLogger()
 		if s, err := OpenPath(path, opts); !errors.Is(err, ErrVersion) {

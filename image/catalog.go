@@ -36,6 +36,9 @@ type DiskInfo struct {
 	// Zero for other disks: a clone has none, since it can be written
 	// (clones made by earlier builds may carry one; FindUUID ignores it).
 	UUID [16]byte
+	// Encrypted: the disk's data is encrypted (CreateEncrypted). Locked:
+	// its key has not been given since the store opened (Store.Unlock).
+	Encrypted, Locked bool
 }
 
 // Attr are the attributes given to a new disk. Zero times mean "now".
@@ -48,6 +51,12 @@ type Attr struct {
 
 // Create makes a new empty disk of size bytes.
 func (s *Store) Create(name string, size int64, a Attr) (DiskInfo, error) {
+	return s.create(name, size, a, nil)
+}
+
+// create is Create, and CreateEncrypted with enc: the disk's key state,
+// journalled with its creation in one unit.
+func (s *Store) create(name string, size int64, a Attr, enc *diskCrypt) (DiskInfo, error) {
 	if err := ValidateName(name); err != nil {
 		return DiskInfo{}, fmt.Errorf("create disk: %w", err)
 	}
@@ -67,9 +76,14 @@ func (s *Store) Create(name string, size int64, a Attr) (DiskInfo, error) {
 	id := s.mu.nextID
 	s.mu.nextID++
 	d := s.newDisk(id, name, attr)
+	d.enc = enc
 	s.mu.disks[id] = d
 	s.mu.names[name] = d
-	s.appendLockedMu(record{Type: recCreate, ID: id, Attr: attr, Name: name})
+	recs := []record{{Type: recCreate, ID: id, Attr: attr, Name: name}}
+	if enc != nil {
+		recs = append(recs, d.cryptRecordLockedMu())
+	}
+	s.appendLockedMu(recs...)
 	return d.infoLockedMu(), nil
 }
 

@@ -64,6 +64,7 @@ const (
 	CodeRefLow           = "refcount-low"        // a block's count is below its users: it would be freed while used
 	CodeInvalidName      = "invalid-name"
 	CodeDuplicateName    = "duplicate-name"
+	CodeCrossKey         = "cross-key-share" // blocks shared between different keys (or plain and encrypted disks)
 )
 
 // Finding is one problem Check found.
@@ -208,6 +209,10 @@ func (s *Store) checkProgressLockedCommit(progress func(done, total int)) *Repor
 			if !r.counted() || !cur.counted() || !allShared(shared, lo, hi) {
 				rep.add(Finding{Severity: Fatal, Code: CodeSharedBlock, Disk: diskName(r.disk),
 					Message: fmt.Sprintf("physical blocks [%d,%d) are used by both %s and %s", lo, hi, cur.owner(s.bs), r.owner(s.bs))}, counts)
+			} else if r.disk != nil && cur.disk != nil && !sameKey(r.disk, cur.disk) {
+				rep.add(Finding{Severity: Fatal, Code: CodeCrossKey, Disk: diskName(r.disk),
+					Message: fmt.Sprintf("physical blocks [%d,%d) are shared between different keys: %s (%s) and %s (%s)",
+						lo, hi, cur.owner(s.bs), kindOf(cur.disk), r.owner(s.bs), kindOf(r.disk))}, counts)
 			}
 		}
 		if i == 0 || r.End() > cur.End() {
@@ -371,6 +376,10 @@ func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progres
 						e.Virt*s.bs, e.End()*s.bs, e.Phys, e.Len, total)}, counts)
 			} else {
 				refs = append(refs, ref{pext: pext{Start: e.Phys, Len: e.Len}, disk: d, virt: e.Virt})
+			}
+			if d.enc == nil && e.TweakOff != 0 {
+				rep.add(Finding{Severity: Fatal, Code: CodeMapInvariant, Disk: label,
+					Message: fmt.Sprintf("bytes [%d,%d) of a plain disk carry tweak offset %d", e.Virt*s.bs, e.End()*s.bs, e.TweakOff)}, counts)
 			}
 			if e.End() > sizeBlocks {
 				rep.add(Finding{Severity: Fatal, Code: CodeExtentBeyondSize, Disk: label,

@@ -58,6 +58,10 @@ func (s *Store) checkpointLockedCommit() error {
 		maps[i] = d.m.Clone()
 		r := d.attrRecordLockedMu()
 		c.Disks[i] = ckptDisk{ID: d.id, Attr: r.Attr, Name: d.name, Flags: d.flags.Load(), Origin: d.origin, UUID: d.uuid}
+		if d.enc != nil {
+			c.Disks[i].Flags |= diskFlagEncrypted
+			c.Disks[i].TweakBase, c.Disks[i].Slots = d.enc.tweakBase, d.enc.slots
+		}
 		c.Disks[i].Attr.Size = d.attr.Size
 		if d.orphan {
 			c.Disks[i].Flags |= diskFlagOrphan
@@ -70,8 +74,8 @@ func (s *Store) checkpointLockedCommit() error {
 	for i, m := range maps {
 		exts := make([]extentRec, 0, m.Len())
 		m.Ascend(func(e blockmap.Extent) bool {
-			exts = append(exts, extentRec{Virt: e.Virt, Phys: e.Phys, Len: e.Len})
-			if c.Version == sharedVersion {
+			exts = append(exts, extentRec{Virt: e.Virt, Phys: e.Phys, Len: e.Len, Tweak: e.Tweak()})
+			if c.Version >= sharedVersion {
 				uses = append(uses, refcount.Range{Start: e.Phys, Len: e.Len})
 			}
 			return true
@@ -234,10 +238,21 @@ func (s *Store) loadCheckpoint() error {
 		}
 		d := s.newDisk(cd.ID, cd.Name, cd.Attr)
 		d.orphan = cd.Flags&diskFlagOrphan != 0
-		d.flags.Store(cd.Flags &^ diskFlagOrphan)
+		d.flags.Store(cd.Flags &^ (diskFlagOrphan | diskFlagEncrypted))
 		d.origin, d.uuid = cd.Origin, cd.UUID
+		if cd.encrypted() {
+			enc, err := newDiskCrypt(cd.TweakBase, cd.Slots)
+			if err != nil {
+				return fmt.Errorf("checkpoint: disk %d: %w", cd.ID, err)
+			}
+			d.enc = enc
+		}
 		for _, e := range cd.Extents { // sorted and disjoint: decodeCheckpoint checked
-			if err := d.m.Append(blockmap.Extent{Virt: e.Virt, Phys: e.Phys, Len: e.Len}); err != nil {
+			ext := blockmap.Extent{Virt: e.Virt, Phys: e.Phys, Len: e.Len}
+			if cd.encrypted() {
+				ext.TweakOff = e.Tweak - e.Virt
+			}
+			if err := d.m.Append(ext); err != nil {
 				return fmt.Errorf("checkpoint: disk %d: %w: %w", cd.ID, err, ErrCorrupt)
 			}
 		}

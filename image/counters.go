@@ -78,6 +78,9 @@ type Shard struct {
 	// DurableWrites are the data writes made durable on their own (FUA),
 	// for synchronous overwrites in place; DataWriteSize counts them too.
 	DurableWrites atomic.Uint64
+	// EncryptedBytes and DecryptedBytes: data of encrypted disks
+	// encrypted for a write and decrypted after a read, in whole blocks.
+	EncryptedBytes, DecryptedBytes atomic.Uint64
 
 	_ [cacheLine]byte // the next shard starts on another cache line
 }
@@ -106,6 +109,8 @@ type CounterSnapshot struct {
 	DataWrites        uint64 `json:"data_writes"`
 	DataWriteBytes    uint64 `json:"data_write_bytes"`
 	DurableWrites     uint64 `json:"durable_writes"`
+	EncryptedBytes    uint64 `json:"encrypted_bytes"`
+	DecryptedBytes    uint64 `json:"decrypted_bytes"`
 	MetaReads         uint64 `json:"meta_reads"`
 	MetaReadBytes     uint64 `json:"meta_read_bytes"`
 	MetaWrites        uint64 `json:"meta_writes"`
@@ -150,6 +155,8 @@ func (c *Counters) snapshot() CounterSnapshot {
 		out.DataWrites += sh.DataWriteSize.count()
 		out.DataWriteBytes += sh.DataWriteSize.sum.Load()
 		out.DurableWrites += sh.DurableWrites.Load()
+		out.EncryptedBytes += sh.EncryptedBytes.Load()
+		out.DecryptedBytes += sh.DecryptedBytes.Load()
 	}
 	return out
 }

@@ -42,6 +42,8 @@ const (
 	DeclineNoBlocks
 	// DeclineTooManyIOs: more backing I/Os than the caller takes.
 	DeclineTooManyIOs
+	// DeclineLocked: the disk is encrypted and locked (ErrLocked).
+	DeclineLocked
 
 	numDeclines
 )
@@ -57,6 +59,7 @@ var declineNames = [numDeclines]string{
 	DeclineNeedsCommit: "needs_commit",
 	DeclineNoBlocks:    "no_blocks",
 	DeclineTooManyIOs:  "too_many_ios",
+	DeclineLocked:      "locked",
 }
 
 // String is the reason's name in counters and metrics.

@@ -330,7 +330,8 @@ type bufPart struct {
 }
 
 // readPartsLockedRange performs the reads parts, defragReaders at a time,
-// each through a read plan of the store's own (readLockedRange), and
+// each through a read plan of the store's own (readRawLockedRange: an
+// encrypted disk's blocks are copied as they are, no key needed), and
 // returns their errors once all have completed. Caller holds a range lock
 // over them.
 func (d *disk) readPartsLockedRange(parts []bufPart) error {
@@ -347,7 +348,7 @@ func (d *disk) readPartsLockedRange(parts []bufPart) error {
 				if i >= len(parts) {
 					return
 				}
-				errs[w] = d.readLockedRange(parts[i].buf, int64(parts[i].virt*d.s.bs))
+				errs[w] = d.readRawLockedRange(parts[i].buf, int64(parts[i].virt*d.s.bs))
 			}
 		}()
 	}
@@ -386,7 +387,7 @@ func (d *disk) remapLockedRange(src []blockmap.Segment, dst []pext) {
 		recs := make([]record, 0, len(exts))
 		for _, e := range exts {
 			freed = d.m.Insert(e, freed)
-			recs = append(recs, record{Type: recMap, ID: d.id, Virt: e.Virt, Phys: e.Phys, Len: e.Len})
+			recs = append(recs, d.mapRecord(e))
 		}
 		var old uint64
 		for _, f := range freed {
@@ -401,15 +402,17 @@ func (d *disk) remapLockedRange(src []blockmap.Segment, dst []pext) {
 
 // zipExtents pairs the data segments src, laid end to end, with the blocks
 // of dst, as many, in order: the extents that map src's virtual blocks to
-// dst, neighbours contiguous in both spaces merged.
+// dst with their tweaks (on a plain disk a block's tweak is its virtual
+// block: offset 0), neighbours contiguous in both spaces and in tweaks
+// merged.
 func zipExtents(src []blockmap.Segment, dst []pext) []blockmap.Extent {
 	var out []blockmap.Extent
 	i, j := 0, 0
 	var si, dj uint64 // blocks of src[i] and dst[j] used so far
 	for i < len(src) && j < len(dst) {
 		n := min(src[i].Len-si, dst[j].Len-dj)
-		e := blockmap.Extent{Virt: src[i].Virt + si, Phys: dst[j].Start + dj, Len: n}
-		if k := len(out); k > 0 && out[k-1].End() == e.Virt && out[k-1].PhysEnd() == e.Phys {
+		e := blockmap.Extent{Virt: src[i].Virt + si, Phys: dst[j].Start + dj, Len: n, TweakOff: src[i].Tweak - src[i].Virt}
+		if k := len(out); k > 0 && out[k-1].End() == e.Virt && out[k-1].PhysEnd() == e.Phys && out[k-1].TweakOff == e.TweakOff {
 			out[k-1].Len += n
 		} else {
 			out = append(out, e)

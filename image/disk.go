@@ -27,6 +27,9 @@ type disk struct {
 
 	origin uint64   // the disk it is a snapshot or clone of (0: none)
 	uuid   [16]byte // identity across stores, given to snapshots (zero: none)
+	// enc is an encrypted disk's key state (encrypt.go), nil for a plain
+	// disk: set before the disk is published and never changed after.
+	enc *diskCrypt
 
 	// Guarded by s.mu:
 	opens int

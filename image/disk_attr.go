@@ -52,6 +52,8 @@ func (d *disk) infoLockedMu() DiskInfo {
 		Clone:     d.flags.Load()&diskFlagClone != 0,
 		OriginID:  d.origin,
 		UUID:      d.uuid,
+		Encrypted: d.enc != nil,
+		Locked:    d.enc != nil && d.enc.cipher.Load() == nil,
 	}
 }
 

@@ -148,12 +148,13 @@ func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
 		sc.unmapped = sc.unmapped[:0] // shared blocks this write gave new ones
 		for _, sg := range sc.out {
 			if isAllocated(sg, sc.allocs) {
-				sc.freed = d.m.Insert(blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}, sc.freed[:0])
+				e := d.extentOf(sg)
+				sc.freed = d.m.Insert(e, sc.freed[:0])
 				if len(sc.freed) != 0 && !sc.cowed {
 					panic(fmt.Sprintf("image: disk %d: write mapped over %v while holding its range lock", d.id, sc.freed))
 				}
 				sc.unmapped = append(sc.unmapped, sc.freed...)
-				recs = append(recs, record{Type: recMap, ID: d.id, Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len})
+				recs = append(recs, d.mapRecord(e))
 			}
 		}
 		if end > d.attr.Size {

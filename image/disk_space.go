@@ -48,8 +48,14 @@ func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 // read or wrote: a read stops at the disk's size. Caller holds a range
 // lock over the range, exclusive for a write.
 func (d *disk) runLockedRange(p []byte, off int64, write bool) (int, error) {
+	return d.runModeLockedRange(p, off, planMode{write: write, wait: true, locked: true})
+}
+
+// runModeLockedRange is runLockedRange with the plan's mode m (raw or not).
+func (d *disk) runModeLockedRange(p []byte, off int64, m planMode) (int, error) {
+	write := m.write
 	var pl IOPlan
-	switch err := d.prepare(&pl, p, off, planMode{write: write, wait: true, locked: true}, nil); {
+	switch err := d.prepare(&pl, p, off, m, nil); {
 	case err == io.EOF && !write:
 		return 0, nil
 	case err != nil:
@@ -66,7 +72,17 @@ func (d *disk) runLockedRange(p []byte, off int64, write bool) (int, error) {
 // zeros, as a block's tail past the size holds on the backing. Caller
 // holds a range lock over the range.
 func (d *disk) readLockedRange(p []byte, off int64) error {
-	n, err := d.runLockedRange(p, off, false)
+	return d.readModeLockedRange(p, off, planMode{wait: true, locked: true})
+}
+
+// readRawLockedRange is readLockedRange of the blocks as stored: an
+// encrypted disk's ciphertext, which needs no key (defrag).
+func (d *disk) readRawLockedRange(p []byte, off int64) error {
+	return d.readModeLockedRange(p, off, planMode{wait: true, locked: true, raw: true})
+}
+
+func (d *disk) readModeLockedRange(p []byte, off int64, m planMode) error {
+	n, err := d.runModeLockedRange(p, off, m)
 	if err != nil {
 		return err
 	}
@@ -266,7 +282,8 @@ func (h *Disk) Truncate(size int64) error {
 
 // zeroStaleTails zeroes, on the backing, the bytes past the end of every
 // disk whose last block is mapped and only partly inside its size, where
-// they are not zeros already. Those bytes must read as zeros once the disk
+// they are not zeros already. An encrypted disk's are left alone: its key
+// may not be given, and zeros written there would not decrypt as zeros. Those bytes must read as zeros once the disk
 // grows again (Truncate zeroes them when it shrinks a disk), and in memory
 // nothing puts anything else there; but a write that grew the disk from
 // inside that block went in place, so after a crash that lost the record
@@ -284,7 +301,7 @@ func (s *Store) zeroStaleTails() error {
 	bs := s.bs
 	ds := make([]*disk, 0, len(s.mu.disks))
 	for _, d := range s.mu.disks {
-		if uint64(d.attr.Size)%bs != 0 {
+		if uint64(d.attr.Size)%bs != 0 && d.enc == nil {
 			ds = append(ds, d)
 		}
 	}
@@ -363,6 +380,10 @@ func (h *Disk) Allocate(off, n int64, keepSize bool) error {
 func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 	s := d.s
 	bs := s.bs
+	ciph, err := d.cipher() // an encrypted disk's zeros are written encrypted
+	if err != nil {
+		return err
+	}
 	sc := getScratch()
 	defer putScratch(sc)
 	d.mu.RLock()
@@ -370,6 +391,10 @@ func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 	if !hasHole(sc) {
 		d.mu.RUnlock()
 		return nil
+	}
+	var base uint64
+	if d.enc != nil {
+		base = d.enc.tweakBase
 	}
 	nb := d.neighboursLockedMu(first, count)
 	if d.mayShare.Load() {
@@ -384,11 +409,20 @@ func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 		s.unallocate(sc.allocs)
 		return err
 	}
+	if d.enc != nil {
+		tweakNew(sc.out, sc.allocs, base)
+	}
 	for _, sg := range sc.out {
 		if !isAllocated(sg, sc.allocs) {
 			continue
 		}
-		if err := s.be.WriteZeroes(s.dataOff+int64(sg.Phys*bs), int64(sg.Len*bs)); err != nil {
+		var err error
+		if ciph != nil {
+			err = s.writeEncryptedZeros(ciph, sg)
+		} else {
+			err = s.be.WriteZeroes(s.dataOff+int64(sg.Phys*bs), int64(sg.Len*bs))
+		}
+		if err != nil {
 			s.stats.Errors.Add(1)
 			s.unallocate(sc.allocs)
 			return err

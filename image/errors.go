@@ -41,3 +41,19 @@ var (
 	// ErrOwned: the superblock says another host has the store open.
 	ErrOwned = errors.New("image: store is owned by another host")
 )
+
+// Encrypted disks (encrypt.go).
+var (
+	// ErrLocked: the disk is encrypted and its key has not been given
+	// (Store.Unlock): its data cannot be read or written (ENOKEY).
+	ErrLocked = errors.New("image: disk is locked: its key has not been given")
+	// ErrWrongKey: no key slot of the disk opens with the secret given
+	// (EKEYREJECTED).
+	ErrWrongKey = errors.New("image: wrong key for the disk")
+	// ErrCrossKey: blocks cannot be shared between disks with different
+	// keys, or between a plain and an encrypted disk, without copying
+	// their data through both keys (EXDEV to copy_file_range).
+	ErrCrossKey = errors.New("image: disks do not share a key")
+	// ErrNotEncrypted: a key operation on a plain disk.
+	ErrNotEncrypted = errors.New("image: disk is not encrypted")
+)

@@ -35,11 +35,13 @@ const (
 	// blocks may be referenced by more than one map (clones, snapshots).
 	featShared = 1
 	// cryptVersion is the version of a store that may hold encrypted
-	// disks: version 2 plus their records (recMapTweak, recCrypt) and
-	// checkpoint fields (diskFlagEncrypted). This file encodes and decodes
-	// them; a superblock of version 3 is refused (ErrVersion): the data
-	// path does not encrypt.
+	// disks (featEncrypted, always with featShared): version 2 plus their
+	// records (recMapTweak, recCrypt) and checkpoint fields
+	// (diskFlagEncrypted).
 	cryptVersion = 3
+	// featEncrypted is the incompatible feature bit of version 3: disks
+	// may be encrypted, and their map records carry tweaks.
+	featEncrypted = 2
 
 	superAOffset  = 0        // first superblock copy
 	superBOffset  = pageSize // second superblock copy
@@ -91,7 +93,7 @@ type superblock struct {
 	Generation  uint64
 	UUID        [16]byte
 	BlockSize   uint32
-	Features    uint32 // incompatible feature bits: featShared (version 2)
+	Features    uint32 // incompatible feature bits: featShared (version 2), featEncrypted (version 3)
 	StoreSize   uint64 // bytes of backing the store was formatted on
 	JournalOff  uint64 // bytes
 	JournalLen  uint64 // bytes
@@ -168,8 +170,8 @@ func decodeSuperblock(p []byte) (*superblock, error) {
 		return nil, fmt.Errorf("superblock: bad magic %q: %w", p[0:8], ErrNotStore)
 	}
 	v := le.Uint32(p[8:])
-	if v != formatVersion && v != sharedVersion {
-		return nil, fmt.Errorf("superblock: format version %d, this build reads versions %d and %d: %w", v, formatVersion, sharedVersion, ErrVersion)
+	if v != formatVersion && v != sharedVersion && v != cryptVersion {
+		return nil, fmt.Errorf("superblock: format version %d, this build reads versions %d to %d: %w", v, formatVersion, cryptVersion, ErrVersion)
 	}
 	if got, want := crc(p[16:pageSize]), le.Uint32(p[12:]); got != want {
 		return nil, fmt.Errorf("superblock: checksum %#08x, stored %#08x: %w", got, want, ErrCorrupt)
@@ -214,6 +216,9 @@ func decodeSuperblock(p []byte) (*superblock, error) {
 
 // version is the format version the superblock's features make it.
 func (sb *superblock) version() uint32 {
+	if sb.Features&featEncrypted != 0 {
+		return cryptVersion
+	}
 	if sb.Features&featShared != 0 {
 		return sharedVersion
 	}
@@ -226,8 +231,10 @@ func (sb *superblock) validate() error {
 	switch {
 	case bs < MinBlockSize || bs > MaxBlockSize || bs&(bs-1) != 0:
 		return fmt.Errorf("block size %d is not a power of two in [%d, %d]: %w", bs, MinBlockSize, MaxBlockSize, ErrCorrupt)
-	case sb.Features&^featShared != 0:
-		return fmt.Errorf("unknown incompatible features %#x: %w", sb.Features&^featShared, ErrVersion)
+	case sb.Features&^(featShared|featEncrypted) != 0:
+		return fmt.Errorf("unknown incompatible features %#x: %w", sb.Features&^(featShared|featEncrypted), ErrVersion)
+	case sb.Features&featEncrypted != 0 && sb.Features&featShared == 0:
+		return fmt.Errorf("features %#x: encrypted disks without shared blocks: %w", sb.Features, ErrCorrupt)
 	case sb.JournalOff != journalOffset || sb.JournalLen < pageSize || sb.JournalLen%pageSize != 0:
 		return fmt.Errorf("journal at %d length %d is malformed: %w", sb.JournalOff, sb.JournalLen, ErrCorrupt)
 	case sb.DataOff < sb.JournalOff+sb.JournalLen || sb.DataOff%pageSize != 0:

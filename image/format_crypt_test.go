@@ -114,10 +114,10 @@ func TestCheckpointEncryptedDisk(t *testing.T) {
 	}
 }
 
-// This build refuses encrypted disks: a version-3 superblock at open, and
-// their records replayed into a store of an earlier version, which would
-// otherwise serve ciphertext as data.
-func TestEncryptedDisksRefused(t *testing.T) {
+// Records of encrypted disks replayed into a store of an earlier version
+// are damage: a store holding encrypted disks is version 3. And a version-3
+// superblock without shared blocks is malformed.
+func TestEncryptedRecordsNeedVersion3(t *testing.T) {
 	ms := newMemStore(t, 4<<20, FormatOptions{})
 	s := ms.s
 	d := mustCreate(t, s, "a.raw", 1<<20)
@@ -141,10 +141,16 @@ func TestEncryptedDisksRefused(t *testing.T) {
 
 	img := make([]byte, pageSize)
 	sb := s.sb
-	sb.Features |= featShared | 2 // 2: what featEncrypted would be
+	sb.Features |= featEncrypted
 	sb.encode(img)
 	binary.LittleEndian.PutUint32(img[8:], cryptVersion)
-	if got, err := decodeSuperblock(img); !errors.Is(err, ErrVersion) {
-		t.Errorf("version-3 superblock: %+v, %v; want ErrVersion", got, err)
+	if got, err := decodeSuperblock(img); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("version-3 superblock without shared blocks: %+v, %v; want ErrCorrupt", got, err)
+	}
+	sb.Features |= featShared
+	sb.encode(img)
+	binary.LittleEndian.PutUint32(img[8:], cryptVersion)
+	if _, err := decodeSuperblock(img); err != nil {
+		t.Errorf("version-3 superblock: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/image/placement"
 )
@@ -79,6 +80,10 @@ type IOPlan struct {
 	sc     *scratch
 	start  time.Time // the plan's submission
 	timed  bool      // run timed each I/O (sc.lat); else each took from start to Finish
+	// ciph decrypts a read of an encrypted disk when it finishes, in
+	// data (the blocks read: p's or the bounce buffer's); nil otherwise.
+	ciph *crypt.Cipher
+	data []byte
 }
 
 // BackingIO is one I/O of an IOPlan: len(Buf) bytes at Off of the backing.
@@ -105,6 +110,9 @@ type planMode struct {
 	// already (a punch or truncate rewriting a partial block): the plan
 	// neither takes nor releases it, and is not counted as a request.
 	locked bool
+	// raw: the blocks as stored, ciphertext on an encrypted disk, which
+	// need no key (defrag's reads).
+	raw bool
 }
 
 // errEmpty says a request of no bytes, which needs no plan.
@@ -189,6 +197,7 @@ func (d *disk) prepare(pl *IOPlan, p []byte, off int64, m planMode, closed *atom
 		segs, err = d.placeHoles(pl, &r, m)
 	}
 	if err == nil {
+		d.encrypt(pl, &r, m, buf, segs)
 		err = d.issue(pl, &r, m, buf, segs)
 	}
 	if err != nil {
@@ -210,6 +219,8 @@ type request struct {
 	holes        bool                 // a write with blocks to fill: holes, or shared blocks written around
 	nb           placement.Neighbours // where those blocks go
 	c            *Shard               // the counters it counts into
+	ciph         *crypt.Cipher        // an encrypted disk's (not raw): writes encrypted, reads decrypted
+	tweakBase    uint64               // an encrypted disk's: the tweak of new blocks at virtual block 0
 }
 
 // admit checks the request and chooses how its I/O will be issued: the
@@ -226,10 +237,22 @@ func (d *disk) admit(pl *IOPlan, p []byte, off int64, m planMode, closed *atomic
 		return request{}, fmt.Errorf("disk %d %s: %w", d.id, opName(m.write), err)
 	}
 	r := request{p: p, off: off, n: int64(len(p))}
+	if !m.raw {
+		c, err := d.cipher()
+		if err != nil {
+			return request{}, m.decline(DeclineLocked, err)
+		}
+		r.ciph = c
+	}
 	if !m.write { // a read ends at the size; a write may grow the disk
 		d.mu.RLock()
 		size := d.attr.Size
 		d.mu.RUnlock()
+		if m.raw && d.enc != nil {
+			// Ciphertext is read in whole blocks: the last block's bytes
+			// past the size decrypt together with those before it.
+			size = int64(coalesce.RoundUp(uint64(size), s.bs))
+		}
 		if off >= size {
 			return request{}, m.decline(DeclineEnd, io.EOF)
 		}
@@ -321,6 +344,9 @@ func (d *disk) lookUp(pl *IOPlan, r *request, m planMode) error {
 		r.nb = placement.Neighbours{Lazy: true, First: r.first, Count: r.count}
 	}
 	size := d.attr.Size
+	if d.enc != nil {
+		r.tweakBase = d.enc.tweakBase
+	}
 	d.mu.RUnlock()
 	if !m.wait && r.off+r.n > size { // a growing write, or a disk that shrank
 		return declined(DeclineEnd) // WriteAt's and ReadAt's business
@@ -342,15 +368,18 @@ func (d *disk) lookUp(pl *IOPlan, r *request, m planMode) error {
 // that the I/O goes to and from: the caller's own when the request is
 // aligned; else a pooled one (the plan's bounce buffer), into which a
 // write first reads (or zeroes, for a hole) every block it covers only in
-// part (a partial span of Split, at most two) and then copies itself.
+// part (a partial span of Split, at most two) and then copies itself. A
+// write to an encrypted disk always goes from the bounce buffer, which
+// its ciphertext fills (encrypt): an aligned one copies nothing there
+// yet.
 func (d *disk) buffer(pl *IOPlan, r *request, m planMode) ([]byte, error) {
 	s, bs := d.s, d.s.bs
-	if r.aligned {
+	if r.aligned && (!m.write || r.ciph == nil) {
 		return r.p[:r.n], nil
 	}
 	buf := s.pool.Get(int(r.count * bs))
 	pl.bounce = buf
-	if !m.write {
+	if !m.write || r.aligned {
 		return buf, nil
 	}
 	uoff := uint64(r.off)
@@ -383,7 +412,31 @@ func (d *disk) placeHoles(pl *IOPlan, r *request, m planMode) ([]blockmap.Segmen
 	if err := d.fillHoles(sc, r.nb, m.wait); err != nil {
 		return nil, m.decline(DeclineNoBlocks, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, r.n, r.off, err))
 	}
+	if d.enc != nil {
+		tweakNew(sc.out, sc.allocs, r.tweakBase)
+	}
 	return sc.out, nil
+}
+
+// encrypt turns a write's plaintext into ciphertext in the bounce buffer
+// buf, each data segment under its tweak: from the caller's p when the
+// request is aligned (buffer copied nothing), else in place. This is the
+// only place data is encrypted, always into the store's own buffer. A
+// read keeps the cipher to decrypt when it finishes.
+func (d *disk) encrypt(pl *IOPlan, r *request, m planMode, buf []byte, segs []blockmap.Segment) {
+	if r.ciph == nil {
+		return
+	}
+	if !m.write {
+		pl.ciph, pl.data = r.ciph, buf
+		return
+	}
+	src := buf
+	if r.aligned {
+		src = r.p
+	}
+	encryptSegs(r.ciph, buf, src, segs, r.first, d.s.bs)
+	r.c.EncryptedBytes.Add(r.count * d.s.bs)
 }
 
 // issue coalesces the segments into runs, one backing I/O each (declining,
@@ -544,8 +597,13 @@ func (pl *IOPlan) Finish() {
 		d.touch()
 		d.publishWriteLockedRange(sc, pl.off+int64(pl.N))
 		sc.allocs = sc.allocs[:0] // mapped now: release must not return them
-	} else if pl.bounce != nil {
-		copy(pl.p[:pl.N], pl.bounce[uint64(pl.off)-pl.first*d.s.bs:])
+	} else {
+		if pl.ciph != nil {
+			c.DecryptedBytes.Add(decryptSegs(pl.ciph, pl.data, sc.segs, pl.first, d.s.bs))
+		}
+		if pl.bounce != nil {
+			copy(pl.p[:pl.N], pl.bounce[uint64(pl.off)-pl.first*d.s.bs:])
+		}
 	}
 	if !pl.locked {
 		d.countRequest(sc, pl.write, uint64(pl.N))

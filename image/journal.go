@@ -494,22 +494,29 @@ func (s *Store) applyRecord(r *record, seq uint64) {
 			delete(s.mu.names, d.name)
 		}
 		delete(s.mu.disks, d.id)
-	case recMapTweak, recCrypt:
-		// Encrypted disks: a store of version 3, which Open refuses.
-		bad("record type %d in a store of version %d", r.Type, s.sb.version())
+	case recCrypt:
+		s.replayCrypt(d, r, bad)
 	case recClone, recFlags:
-		if s.sb.version() != sharedVersion {
+		if s.sb.version() < sharedVersion {
 			bad("record type %d in a store of version %d", r.Type, s.sb.version())
 			return
 		}
 		s.replayShared(d, r, bad)
-	case recMap:
+	case recMap, recMapTweak:
+		e := blockmap.Extent{Virt: r.Virt, Phys: r.Phys, Len: r.Len}
+		if r.Type == recMapTweak {
+			e.TweakOff = r.Tweak - r.Virt
+		}
+		if (r.Type == recMapTweak) != (d.enc != nil) {
+			bad("record type %d maps blocks of disk %d, which is %s", r.Type, d.id, kindOf(d))
+			return
+		}
 		if r.Phys >= s.sb.DataBlocks || r.Len > s.sb.DataBlocks-r.Phys {
 			bad("disk %d maps physical blocks [%d,+%d) outside the data region", d.id, r.Phys, r.Len)
 		} else if err := s.mu.alloc.Take(pext{Start: r.Phys, Len: r.Len}); err != nil {
 			bad("disk %d maps physical blocks [%d,+%d) that are not free: %v", d.id, r.Phys, r.Len, err)
 		}
-		s.replayFree(d.m.Insert(blockmap.Extent{Virt: r.Virt, Phys: r.Phys, Len: r.Len}, nil), bad)
+		s.replayFree(d.m.Insert(e, nil), bad)
 	case recPunch:
 		s.replayFree(d.m.Punch(r.Virt, r.Len, nil), bad)
 	}

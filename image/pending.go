@@ -40,7 +40,7 @@ func (p *pending) add(recs []record) {
 	}
 	for i := range recs {
 		p.recs = appendRecord(p.recs, &recs[i])
-		p.maps = p.maps || recs[i].Type == recMap || recs[i].Type == recClone
+		p.maps = p.maps || recs[i].Type == recMap || recs[i].Type == recMapTweak || recs[i].Type == recClone
 	}
 	p.count += uint32(len(recs))
 	p.more = true

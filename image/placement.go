@@ -216,6 +216,9 @@ func (s *Store) unallocate(allocs []pext) {
 func (s *Store) ckptReserveLockedMu() uint64 {
 	bytes := ckptSize(sharedVersion, len(s.mu.disks), len(s.mu.disks)*MaxNameLen, s.mu.extents,
 		s.mu.alloc.FreeExtents()+maxCkptExtents, 2*s.mu.shared.Len()+1)
+	if s.crypted.Load() { // as if every disk were encrypted
+		bytes += ckptCryptSize(len(s.mu.disks), len(s.mu.disks)*maxSlotTable, s.mu.extents)
+	}
 	need := uint64(bytes)/s.bs + 2
 	var cur uint64
 	for _, e := range s.mu.ckptExts {

@@ -125,7 +125,7 @@ func (s *Store) repairStateLockedCommit() []string {
 		})
 	}
 	sort.SliceStable(owners, func(i, j int) bool { return owners[i].Start < owners[j].Start })
-	sharing := s.sb.version() == sharedVersion
+	sharing := s.sb.version() >= sharedVersion
 	var claimedEnd uint64
 	var claimedBy string
 	for _, o := range owners {

@@ -158,6 +158,18 @@ func (s *Store) snapshot(srcName, name string, flag uint32) (*disk, error) {
 	d := s.newDisk(id, name, attr)
 	d.flags.Store(flag)
 	d.origin = src.id
+	var crecs []record // the key state of an encrypted pair: both get fresh tweak bases
+	if src.enc != nil {
+		d.enc = &diskCrypt{check: src.enc.check, slots: src.enc.slots}
+		d.enc.cipher.Store(src.enc.cipher.Load())
+		for _, x := range []*disk{d, src} {
+			r, err := x.freshTweakBaseLockedMu()
+			if err != nil {
+				return nil, err
+			}
+			crecs = append(crecs, r)
+		}
+	}
 	if flag == diskFlagSnapshot && !hidden {
 		if _, err := rand.Read(d.uuid[:]); err != nil {
 			return nil, fmt.Errorf("disk identity: %w", err)
@@ -168,7 +180,7 @@ func (s *Store) snapshot(srcName, name string, flag uint32) (*disk, error) {
 	s.shareLockedMu(d, src)
 	s.mu.extents += d.m.Len()
 	s.mu.disks[id] = d
-	recs := []record{{Type: recCreate, ID: id, Attr: attr, Name: name}}
+	recs := append([]record{{Type: recCreate, ID: id, Attr: attr, Name: name}}, crecs...)
 	if hidden {
 		d.orphan, d.opens = true, 1
 		recs = append(recs, record{Type: recUnlink, ID: id})
@@ -230,6 +242,9 @@ func (h *Disk) copyFrom(src *Disk, srcOff, off, n int64) (int64, error) {
 	d, sd, s := h.d, src.d, h.d.s
 	if err := d.readOnly(); err != nil {
 		return 0, err
+	}
+	if !sameKey(d, sd) {
+		return 0, crossKey(d, sd)
 	}
 	sd.mu.RLock()
 	srcSize := sd.attr.Size
@@ -307,11 +322,23 @@ func (d *disk) share(src *disk, sv, v, count uint64, clone bool) error {
 		c := mapChange{freed: d.m.Punch(v, count, nil)}
 		d.mayShare.Store(true)
 		src.mayShare.Store(true)
+		if d.enc != nil { // copies on write of the shared blocks must not take their tweaks
+			for _, x := range []*disk{d, src} {
+				if x == src && (x == d || x.readOnly() != nil) {
+					continue
+				}
+				r, err := x.freshTweakBaseLockedMu()
+				if err != nil {
+					return mapChange{}, err
+				}
+				c.recs = append(c.recs, r)
+			}
+		}
 		for _, sg := range src.m.Lookup(nil, sv, count) {
 			if sg.Hole {
 				continue
 			}
-			e := blockmap.Extent{Virt: v + (sg.Virt - sv), Phys: sg.Phys, Len: sg.Len}
+			e := d.sharedExtent(sg, v+(sg.Virt-sv))
 			if freed := d.m.Insert(e, nil); len(freed) != 0 {
 				panic(fmt.Sprintf("image: disk %d: copy mapped over %v after punching the range", d.id, freed))
 			}
@@ -320,7 +347,7 @@ func (d *disk) share(src *disk, sv, v, count uint64, clone bool) error {
 		if d.m.Len() == 0 {
 			d.forgetLayouts()
 		}
-		c.recs = []record{{Type: recClone, ID: d.id, Src: src.id, SrcVirt: sv, Virt: v, Len: count}}
+		c.recs = append(c.recs, record{Type: recClone, ID: d.id, Src: src.id, SrcVirt: sv, Virt: v, Len: count})
 		if end := int64((v + count) * s.bs); end > d.attr.Size {
 			d.attr.Size = end
 			c.recs = append(c.recs, record{Type: recSize, ID: d.id, Attr: diskAttr{Size: end}})
@@ -378,7 +405,7 @@ func (s *Store) replayShared(d *disk, r *record, bad func(string, ...any)) {
 				continue
 			}
 			s.mu.shared.Add(sg.Phys, sg.Len)
-			s.replayFree(d.m.Insert(blockmap.Extent{Virt: r.Virt + (sg.Virt - r.SrcVirt), Phys: sg.Phys, Len: sg.Len}, nil), bad)
+			s.replayFree(d.m.Insert(d.sharedExtent(sg, r.Virt+(sg.Virt-r.SrcVirt)), nil), bad)
 		}
 		d.mayShare.Store(true)
 		src.mayShare.Store(true)
@@ -459,7 +486,7 @@ func (s *Store) sharedAsHolesLockedMu(dst, segs []blockmap.Segment) ([]blockmap.
 		}
 		any = true
 		s.mu.shared.Pieces(sg.Phys, sg.Len, func(p, l uint64, refs uint32) {
-			add(blockmap.Segment{Virt: sg.Virt + (p - sg.Phys), Len: l, Phys: p, Hole: refs > 1})
+			add(blockmap.Segment{Virt: sg.Virt + (p - sg.Phys), Len: l, Phys: p, Hole: refs > 1, Tweak: sg.Tweak + (p - sg.Phys)})
 		})
 	}
 	return dst, any

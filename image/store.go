@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
@@ -143,7 +144,13 @@ type Store struct {
 		closed    bool
 		ckptExts  []pext // blocks of the current checkpoint
 		reserved  uint64 // blocks in disks' allocation units (placement.go)
+		// ciphers are the data keys given (Store.Unlock, CreateEncrypted),
+		// by key check value: every disk with that key uses its cipher.
+		ciphers map[[16]byte]*crypt.Cipher
 	}
+	// crypted says the store is version 3 (may hold encrypted disks): its
+	// checkpoints hold tweaks and slot tables (ckptReserveLockedMu).
+	crypted atomic.Bool
 
 	// writeGen counts completed backend data writes; a flush that starts
 	// after reading it makes all those writes durable.
@@ -386,6 +393,7 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	s.mu.inflight = make(map[uint64]uint64)
 	s.mu.alloc = placement.NewAllocator(sb.DataBlocks)
 	s.mu.shared = refcount.New()
+	s.crypted.Store(sb.version() >= cryptVersion)
 	if err := s.loadCheckpoint(); err != nil {
 		return nil, err
 	}

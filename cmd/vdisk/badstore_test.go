@@ -84,9 +84,9 @@ func TestBadStoreFiles(t *testing.T) {
 		}, exitUncorrected, []string{"block size 5000 is not a power of two"}},
 		{"future format version", func(t *testing.T) string {
 			path := store(t)
-			superblockPatch(t, path, func(p []byte) { le.PutUint32(p[8:], 3) })
+			superblockPatch(t, path, func(p []byte) { le.PutUint32(p[8:], 4) })
 			return path
-		}, exitFailure, []string{"unsupported store format version", "format version 3, this build reads versions 1 and 2"}},
+		}, exitFailure, []string{"unsupported store format version", "format version 4, this build reads versions 1 to 3"}},
 		{"unknown incompatible feature", func(t *testing.T) string {
 			path := store(t)
 			superblockPatch(t, path, func(p []byte) { le.PutUint32(p[44:], 1<<7) })

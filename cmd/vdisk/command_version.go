@@ -11,13 +11,14 @@ import (
 )
 
 // The on-disk format versions of this build: the one it writes and those it
-// reads. They mirror image's unexported formatVersion and sharedVersion
-// (image/format.go): a new store is version 1 and becomes 2 on its first
-// clone or snapshot (or vdisk upgrade). TestVersionFormatMatchesStore
+// reads. They mirror image's unexported formatVersion, sharedVersion and
+// cryptVersion (image/format.go): a new store is version 1, becomes 2 on
+// its first clone or snapshot (or vdisk upgrade), and 3 on its first
+// encrypted disk. TestVersionFormatMatchesStore
 // checks them against a freshly formatted store.
 const formatVersionWritten = 1
 
-var formatVersionsRead = []int{1, 2}
+var formatVersionsRead = []int{1, 2, 3}
 
 // buildVersion and buildRevision may be set at link time (the Makefile does,
 // with -ldflags -X, from git describe and git rev-parse) for builds whose

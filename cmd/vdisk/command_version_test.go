@@ -27,7 +27,7 @@ func TestVersion(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustRun(t, "version", "--json").stdout), &vi); err != nil {
 		t.Fatal(err)
 	}
-	if vi.Version == "" || vi.Revision == "" || vi.GoVersion != runtime.Version() || vi.FormatWritten != 1 || len(vi.FormatsRead) != 2 {
+	if vi.Version == "" || vi.Revision == "" || vi.GoVersion != runtime.Version() || vi.FormatWritten != 1 || len(vi.FormatsRead) != 3 {
 		t.Errorf("version --json: %+v", vi)
 	}
 }
