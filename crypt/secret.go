@@ -161,25 +161,37 @@ func LoadKeyFile(path string) (*Secret, error) {
 		return nil, fmt.Errorf("crypt: key file %s: %w", path, err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
+	sec, err := ReadKeyFile(f, os.Geteuid())
 	if err != nil {
 		return nil, fmt.Errorf("crypt: key file %s: %w", path, err)
 	}
-	if err := checkKeyFileInfo(fi, os.Geteuid()); err != nil {
-		return nil, fmt.Errorf("crypt: key file %s: %w", path, err)
+	return sec, nil
+}
+
+// ReadKeyFile reads the key file f, opened by someone else (a key file's
+// descriptor passed over a socket), into a Secret, from its start, with
+// LoadKeyFile's checks but for the owner: it must be owned by uid owner.
+func ReadKeyFile(f *os.File, owner int) (*Secret, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkKeyFileInfo(fi, owner); err != nil {
+		return nil, err
 	}
 	buf, err := newLockedBuf(KeyFileSize)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := io.ReadFull(f, buf.bytes()); err != nil {
+	r := io.NewSectionReader(f, 0, KeyFileSize+1)
+	if _, err := io.ReadFull(r, buf.bytes()); err != nil {
 		buf.close()
-		return nil, fmt.Errorf("crypt: key file %s: reading: %w: %w", path, ErrKeyFile, err)
+		return nil, fmt.Errorf("reading: %w: %w", ErrKeyFile, err)
 	}
 	var extra [1]byte
-	if n, err := f.Read(extra[:]); n != 0 || !errors.Is(err, io.EOF) {
+	if n, err := r.Read(extra[:]); n != 0 || !errors.Is(err, io.EOF) {
 		buf.close()
-		return nil, fmt.Errorf("crypt: key file %s: longer than %d bytes: %w", path, KeyFileSize, ErrKeyFile)
+		return nil, fmt.Errorf("longer than %d bytes: %w", KeyFileSize, ErrKeyFile)
 	}
 	return &Secret{kind: KindKeyFile, buf: buf}, nil
 }
@@ -197,7 +209,7 @@ func checkKeyFileInfo(fi os.FileInfo, euid int) error {
 		return fmt.Errorf("no owner information: %w", ErrKeyFile)
 	}
 	if int(st.Uid) != euid {
-		return fmt.Errorf("owned by uid %d, not by this process's uid %d: %w", st.Uid, euid, ErrKeyFile)
+		return fmt.Errorf("owned by uid %d, not by uid %d: %w", st.Uid, euid, ErrKeyFile)
 	}
 	if fi.Size() != KeyFileSize {
 		return fmt.Errorf("%d bytes, want %d: %w", fi.Size(), KeyFileSize, ErrKeyFile)

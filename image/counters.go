@@ -359,6 +359,8 @@ type Metrics struct {
 	// Failed: a flush or metadata write failed and the store refuses
 	// every write and sync until it is reopened (ErrFailed).
 	Failed bool `json:"failed"`
+	// LockedDisks are the encrypted disks whose key was not given.
+	LockedDisks int `json:"locked_disks"`
 }
 
 // DiskMetrics are one disk's figures.
@@ -423,6 +425,9 @@ func (s *Store) Metrics() Metrics {
 		dm := DiskMetrics{Name: i.Name, Size: i.Size, Allocated: i.Allocated, Extents: i.Extents}
 		dm.ReadRequests, dm.ReadRequestBytes, dm.WriteRequests, dm.WriteRequestBytes = d.counters.totals()
 		m.Disks = append(m.Disks, dm)
+		if i.Locked {
+			m.LockedDisks++
+		}
 	}
 	sortDiskMetrics(m.Disks)
 	return m

@@ -64,6 +64,8 @@ var families = []struct {
 	{"disk_request_bytes_total", "Request bytes per disk.", []string{"disk", "op"}},
 	{"fuse_request_latency_seconds", "Latency of FUSE requests by operation.", []string{"op"}},
 	{"plan_declines_total", "Requests a door's queue thread could not plan without waiting, by reason; they were served on the path that may block (image.Decline).", []string{"reason"}},
+	{"disks_locked", "Encrypted disks whose key has not been given (vdisk unlock): listed, but their data cannot be read or written.", nil},
+	{"crypt_bytes_total", "Bytes of encrypted disks encrypted for writes and decrypted after reads, in whole blocks.", []string{"op"}},
 	{"store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.", nil},
 }
 
@@ -145,6 +147,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for op, h := range c.src.OpMetrics() {
 		ch <- constHistogram(c.descs["fuse_request_latency_seconds"], h, op)
 	}
+	gauge("disks_locked", float64(m.LockedDisks))
+	counter("crypt_bytes_total", k.EncryptedBytes, "encrypt")
+	counter("crypt_bytes_total", k.DecryptedBytes, "decrypt")
 	failed := 0.0
 	if m.Failed {
 		failed = 1

@@ -122,15 +122,25 @@ func (l peerListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	p, perr := peerOf(c)
-	return &peerConn{UnixConn: c, peer: p, err: perr}, nil
+	return &peerConn{UnixConn: c, peer: p, err: perr, rights: &rights{}}, nil
 }
 
 // peerConn is an accepted connection and who made it (or why that is not
-// known).
+// known), and the descriptors it passed (keys.go).
 type peerConn struct {
 	*net.UnixConn
-	peer Peer
-	err  error
+	peer   Peer
+	err    error
+	rights *rights
+}
+
+// Read keeps the descriptors passed with the bytes (keys.go).
+func (pc *peerConn) Read(b []byte) (int, error) { return pc.rights.readMsg(pc.UnixConn, b) }
+
+// Close closes the descriptors no request took.
+func (pc *peerConn) Close() error {
+	pc.rights.closeAll()
+	return pc.UnixConn.Close()
 }
 
 type peerKey struct{}
@@ -142,6 +152,7 @@ func peerContext(ctx context.Context, c net.Conn) context.Context {
 	if !ok {
 		return ctx
 	}
+	ctx = context.WithValue(ctx, rightsKey{}, pc.rights)
 	if pc.err != nil {
 		return context.WithValue(ctx, peerKey{}, pc.err)
 	}

@@ -269,6 +269,7 @@ func withControl(h http.Handler, ctl Controller) http.Handler {
 	})
 	handleTransfers(mux, ctl)
 	handleCatalog(mux, ctl)
+	handleKeys(mux, ctl)
 	return mux
 }
 
@@ -283,6 +284,10 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, fs.ErrPermission):
 		return http.StatusForbidden
+	case errors.Is(err, image.ErrWrongKey):
+		return http.StatusUnauthorized
+	case errors.Is(err, image.ErrLocked):
+		return http.StatusLocked
 	}
 	return http.StatusInternalServerError
 }
@@ -310,6 +315,10 @@ func errorOf(resp *http.Response) error {
 		e.is = image.ErrInvalidName
 	case http.StatusForbidden:
 		e.is = fs.ErrPermission
+	case http.StatusUnauthorized:
+		e.is = image.ErrWrongKey
+	case http.StatusLocked:
+		e.is = image.ErrLocked
 	}
 	if e.msg == "" {
 		e.msg = resp.Status

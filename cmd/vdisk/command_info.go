@@ -38,6 +38,8 @@ type infoJSON struct {
 	SharedBytes    int64 `json:"shared_bytes"`
 	ExclusiveBytes int64 `json:"exclusive_bytes"`
 	Snapshots      int   `json:"snapshots"`
+	Encrypted      int   `json:"encrypted"` // encrypted disks, of which Locked have no key given
+	Locked         int   `json:"locked"`
 	Clones         int   `json:"clones"`
 }
 
@@ -70,7 +72,7 @@ serves it, info asks the daemon and shows the store as it is now.`,
 			in := si.Info
 			bs := int64(in.BlockSize)
 			var mapped, shared int64
-			var snapshots, clones int
+			var snapshots, clones, encrypted, locked int
 			for _, d := range disks {
 				mapped += d.Allocated
 				shared += d.Shared
@@ -79,6 +81,7 @@ serves it, info asks the daemon and shows the store as it is now.`,
 				} else if d.Clone {
 					clones++
 				}
+				encrypted, locked = encrypted+boolInt(d.Encrypted), locked+boolInt(d.Locked)
 			}
 			j := infoJSON{
 				UUID: in.UUID, FormatVersion: si.Version, Backing: in.Backing, StoreSize: in.StoreSize, BlockSize: in.BlockSize,
@@ -89,6 +92,7 @@ serves it, info asks the daemon and shows the store as it is now.`,
 				JournalSize: in.JournalBytes, JournalUsed: in.JournalUsed, CheckpointBytes: in.CkptBytes,
 				Generation: in.Generation, MountGeneration: in.MountGen, Created: in.CreatedAt,
 				MappedBytes: mapped, SharedBytes: shared, ExclusiveBytes: mapped - shared, Snapshots: snapshots, Clones: clones,
+				Encrypted: encrypted, Locked: locked,
 			}
 			if asJSON {
 				return writeJSON(e, j)
@@ -108,7 +112,7 @@ serves it, info asks the daemon and shows the store as it is now.`,
 			fmt.Fprintf(tw, "used:\t%s%s\n", formatSize(j.Used), pct(j.Used))
 			fmt.Fprintf(tw, "free:\t%s%s\n", formatSize(j.Free), pct(j.Free))
 			fmt.Fprintf(tw, "largest free extent:\t%s\n", formatSize(j.LargestFreeExtent))
-			fmt.Fprintf(tw, "disks:\t%d (snapshots: %d, clones: %d)\n", j.Disks, j.Snapshots, j.Clones)
+			fmt.Fprintf(tw, "disks:\t%d (snapshots: %d, clones: %d, encrypted: %d, locked: %d)\n", j.Disks, j.Snapshots, j.Clones, j.Encrypted, j.Locked)
 			fmt.Fprintf(tw, "disks map:\t%s: %s exclusive, %s shared\n", formatSize(j.MappedBytes), formatSize(j.ExclusiveBytes), formatSize(j.SharedBytes))
 			fmt.Fprintf(tw, "extents:\t%d, %s each on average\n", j.Extents, formatSize(j.AvgExtent))
 			fmt.Fprintf(tw, "journal:\t%s, %s used\n", formatSize(j.JournalSize), formatSize(j.JournalUsed))
@@ -124,6 +128,9 @@ serves it, info asks the daemon and shows the store as it is now.`,
 
 // formatVersion says what a store format version means.
 func formatVersion(v int) string {
+	if v >= 3 {
+		return fmt.Sprintf("%d (shared blocks and encrypted disks)", v)
+	}
 	if v >= 2 {
 		return fmt.Sprintf("%d (shared blocks: clones and snapshots)", v)
 	}

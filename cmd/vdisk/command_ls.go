@@ -35,6 +35,10 @@ type lsEntry struct {
 	Clone     bool   `json:"clone"`
 	Origin    string `json:"origin"`
 	OriginID  uint64 `json:"origin_id,omitempty"`
+	// Encrypted: the disk's data is encrypted; Locked: its key has not
+	// been given to the mount (vdisk unlock, mount --key-dir).
+	Encrypted bool `json:"encrypted"`
+	Locked    bool `json:"locked"`
 }
 
 // lsEntryOf is the JSON entry of a disk.
@@ -42,7 +46,8 @@ func lsEntryOf(d image.DiskInfo) lsEntry {
 	return lsEntry{Name: d.Name, ID: d.ID, Size: d.Size, Allocated: d.Allocated, Extents: d.Extents,
 		AvgExtent: avgExtent(d.Allocated, d.Extents), Mode: fmt.Sprintf("%04o", d.Mode&0o7777), UID: d.UID, GID: d.GID,
 		Modified: d.Mtime, Changed: d.Ctime, Exclusive: d.Allocated - d.Shared, Shared: d.Shared,
-		Snapshot: d.Snapshot, Clone: d.Clone, Origin: d.Origin, OriginID: d.OriginID}
+		Snapshot: d.Snapshot, Clone: d.Clone, Origin: d.Origin, OriginID: d.OriginID,
+		Encrypted: d.Encrypted, Locked: d.Locked}
 }
 
 func newLsCmd(e *env) *cobra.Command {
@@ -55,8 +60,9 @@ the disk maps, as du counts it), split into exclusive (blocks no other disk
 maps: what removing the disk frees) and shared (blocks it shares with clones
 and snapshots), number of extents in the block map and their average size (a
 disk written in random order has more, smaller extents, and reads back in
-smaller I/Os), modification time, and origin: "snapshot of DISK" or "clone of
-DISK" (a whole-disk cp on the mount), else "-".
+smaller I/Os), modification time, origin: "snapshot of DISK" or "clone of
+DISK" (a whole-disk cp on the mount), else "-", and encryption: "encrypted",
+"locked" (encrypted, its key not given: vdisk unlock), else "-".
 
 STORE may be mounted: given its mount point, or its path while a daemon
 serves it, ls asks the daemon, and lists what the mount shows now.`,
@@ -83,11 +89,11 @@ serves it, ls asks the daemon, and lists what the mount shows now.`,
 				size = func(n int64) string { return strconv.FormatInt(n, 10) }
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN")
+			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN\tENCRYPTION")
 			for _, d := range disks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Name, size(d.Size), size(d.Allocated),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Name, size(d.Size), size(d.Allocated),
 					size(d.Allocated-d.Shared), size(d.Shared), d.Extents, size(avgExtent(d.Allocated, d.Extents)),
-					d.Mtime.Local().Format("2006-01-02 15:04:05"), originOf(d))
+					d.Mtime.Local().Format("2006-01-02 15:04:05"), originOf(d), encryptionOf(d))
 			}
 			return tw.Flush()
 		},

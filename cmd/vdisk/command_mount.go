@@ -38,6 +38,7 @@ type mountFlags struct {
 	fuseTransport  string
 	metricsAddr    string
 	socketGroup    string // members may use the control socket too
+	keyDir         string // DIR/NAME.key unlocks disk NAME (keys.go)
 	breakLock      bool
 	options        []string // -o, mount(8)-style (mountopts.go)
 }
@@ -46,6 +47,7 @@ type mountFlags struct {
 type mountSource struct {
 	s   *image.Store
 	srv *fs.Server
+	log logrus.FieldLogger
 }
 
 func (m mountSource) Metrics() image.Metrics                        { return m.s.Metrics() }
@@ -171,6 +173,7 @@ it can never write to the image again, then its lock is broken.`,
 	fl.StringVar(&f.fuseTransport, "fuse-transport", "auto", "how FUSE requests reach vdiskfs: io_uring (FUSE-over-io_uring; turns on the fuse module's enable_uring), dev (/dev/fuse), or auto (io_uring when enabled)")
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
 	fl.StringVar(&f.socketGroup, "socket-group", "", "let the members of this group (a name or a gid) use the mount's control socket (vdisk stats, sync, snapshot, send, ...) besides root and the daemon's user")
+	fl.StringVar(&f.keyDir, "key-dir", "", "unlock each encrypted disk NAME with the key file DIR/NAME.key (0600 or 0400, owned by the daemon's user; systemd's $CREDENTIALS_DIRECTORY fits); a disk without one stays locked")
 	fl.BoolVar(&f.breakLock, "break-lock", false, "for an rbd: store: blocklist the client holding the image's exclusive lock and take the lock over")
 	fl.StringArrayVarP(&f.options, "options", "o", nil, "mount(8)-style options, comma-separated (allow_other,commit_interval=5s,metrics=ADDR,...)")
 	return cmd
@@ -253,6 +256,9 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	if err != nil {
 		return err
 	}
+	if f.keyDir != "" {
+		unlockKeyDir(e.log, s, f.keyDir)
+	}
 	procs := fs.TuneRuntime() // before Mount: go-fuse sizes its readers from it
 	// The store's path is the mount's source in /proc/mounts, as sshfs names
 	// its remote: findmnt and vdisk umount tell which store a mount serves.
@@ -264,7 +270,7 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	// vdisk stats reads the mount's socket; --metrics adds a TCP listener.
 	// Without the socket the mount still serves its disks, unless the
 	// socket was asked for a group or metrics were asked for.
-	src := mountSource{s, srv}
+	src := mountSource{s: s, srv: srv, log: e.log}
 	topts.Logger = e.log
 	stopTelemetry, err := telemetry.Start(telemetry.Handler(src, mnt, store), src, mnt, topts)
 	if err != nil {

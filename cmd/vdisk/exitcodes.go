@@ -25,6 +25,12 @@ const (
 	// or its daemon did not close the store cleanly in time; for fsck
 	// --repair, the store is mounted (a repair needs it unmounted).
 	exitFailure = 8
+	// exitWrongKey: the key given does not open the encrypted disk (no key
+	// slot of it opens with that key file or passphrase).
+	exitWrongKey = 16
+	// exitLocked: the disk is encrypted and its key has not been given to
+	// the mount (vdisk unlock): its data cannot be read or written.
+	exitLocked = 32
 )
 
 // exitMeaning says what an exit code means, for fsck's output.
@@ -40,6 +46,10 @@ func exitMeaning(code int) string {
 		return "errors left uncorrected: do not mount the store; run vdisk fsck --repair"
 	case exitFailure:
 		return "operational error"
+	case exitWrongKey:
+		return "wrong key"
+	case exitLocked:
+		return "disk locked: its key has not been given"
 	}
 	return "unknown exit code"
 }

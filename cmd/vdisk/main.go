@@ -13,6 +13,8 @@ import (
 	"os"
 
 	"golang.org/x/term"
+
+	"github.com/vdiskfs/vdiskfs/image"
 )
 
 func main() {
@@ -43,6 +45,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return ce.code
 	}
 	fmt.Fprintf(stderr, "vdisk: %v\n", err)
+	switch {
+	case errors.Is(err, image.ErrWrongKey):
+		return exitWrongKey
+	case errors.Is(err, image.ErrLocked):
+		return exitLocked
+	}
 	var ue usageError
 	if !e.started || errors.As(err, &ue) {
 		// Cobra rejected the arguments or flags before the command ran.

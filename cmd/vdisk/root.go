@@ -140,6 +140,8 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newUmountCmd(e),
 		newVersionCmd(e),
 		newGendocsCmd(e),
+		newUnlockCmd(e),
+		newKeyCmd(e),
 	)
 	for _, c := range root.Commands() {
 		if storeCommands[c.Name()] {
