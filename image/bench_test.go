@@ -25,6 +25,18 @@ func benchDisk(b *testing.B, size int64) (*memStore, *Disk) {
 // requests inside it overwrite or read mapped blocks.
 func benchFilledDisk(b *testing.B) *Disk {
 	_, d := benchDisk(b, 256<<20)
+	return fillBench(b, d)
+}
+
+// benchFilledEncrypted is benchFilledDisk for an encrypted disk.
+func benchFilledEncrypted(b *testing.B) *Disk {
+	ms := newMemStore(b, 256<<20, FormatOptions{})
+	d := mustCreateEncrypted(b, ms.s, "bench.raw", 0, 1)
+	b.Cleanup(func() { d.Close() })
+	return fillBench(b, d)
+}
+
+func fillBench(b *testing.B, d *Disk) *Disk {
 	fill := directio.AlignedBlock(1 << 20)
 	for off := int64(0); off < 64<<20; off += 1 << 20 {
 		if _, err := d.WriteAt(fill, off); err != nil {
@@ -189,37 +201,46 @@ func BenchmarkHistogramObserveParallel(b *testing.B) {
 
 // BenchmarkPlanDo4KiB is the queue-thread path on a memory backend: plan a
 // 4 KiB read or overwrite, perform its I/O through the submission seam
-// (IOPlan.Do: backend.Mem in memory), finish. It must not allocate.
+// (IOPlan.Do: backend.Mem in memory), finish, on a plain and on an
+// encrypted disk. It must not allocate.
 func BenchmarkPlanDo4KiB(b *testing.B) {
-	for _, write := range []bool{false, true} {
-		name := "read"
-		if write {
-			name = "overwrite"
-		}
-		b.Run(name, func(b *testing.B) {
-			d := benchFilledDisk(b)
-			p := directio.AlignedBlock(4096)
-			var pl IOPlan
-			b.ReportAllocs()
-			for i := 0; b.Loop(); i++ {
-				off := int64(i%16384) * 4096
-				ok := false
-				if write {
-					ok = d.PlanWrite(&pl, p, off, 8)
-				} else {
-					ok = d.PlanRead(&pl, p, off, 8)
-				}
-				if !ok {
-					b.Fatal("not planned")
-				}
-				for k := range pl.IOs {
-					if err := pl.Do(k); err != nil {
-						b.Fatal(err)
-					}
-				}
-				pl.Finish()
+	for _, enc := range []bool{false, true} {
+		for _, write := range []bool{false, true} {
+			name := "read"
+			if write {
+				name = "overwrite"
 			}
-		})
+			filled := benchFilledDisk
+			if enc {
+				name, filled = "encrypted_"+name, benchFilledEncrypted
+			}
+			b.Run(name, func(b *testing.B) { benchPlanDo(b, filled(b), write) })
+		}
+	}
+}
+
+// benchPlanDo plans, performs and finishes 4 KiB requests of d.
+func benchPlanDo(b *testing.B, d *Disk, write bool) {
+	p := directio.AlignedBlock(4096)
+	var pl IOPlan
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		off := int64(i%16384) * 4096
+		ok := false
+		if write {
+			ok = d.PlanWrite(&pl, p, off, 8)
+		} else {
+			ok = d.PlanRead(&pl, p, off, 8)
+		}
+		if !ok {
+			b.Fatal("not planned")
+		}
+		for k := range pl.IOs {
+			if err := pl.Do(k); err != nil {
+				b.Fatal(err)
+			}
+		}
+		pl.Finish()
 	}
 }
 
