@@ -212,6 +212,11 @@ func (s *Store) FindUUID(uuid [16]byte) (string, bool) {
 // after a crash, unless Publish names it first. A disk built from a stream
 // is made this way, so that an interrupted stream leaves nothing behind.
 func (s *Store) CreateHidden(size int64, a Attr) (*Disk, error) {
+	return s.createHidden(size, a, nil)
+}
+
+// createHidden is CreateHidden, and CreateHiddenEncrypted with enc.
+func (s *Store) createHidden(size int64, a Attr, enc *diskCrypt) (*Disk, error) {
 	if size < 0 || size > MaxDiskSize {
 		return nil, fmt.Errorf("create hidden disk: size %d: %w", size, ErrTooLarge)
 	}
@@ -227,8 +232,13 @@ func (s *Store) CreateHidden(size int64, a Attr) (*Disk, error) {
 	name := fmt.Sprintf(".hidden-%d", id) // journalled, never visible
 	d := s.newDisk(id, name, attr)
 	d.orphan, d.opens = true, 1
+	d.enc = enc
 	s.mu.disks[id] = d
-	s.appendLockedMu(record{Type: recCreate, ID: id, Attr: attr, Name: name}, record{Type: recUnlink, ID: id})
+	recs := []record{{Type: recCreate, ID: id, Attr: attr, Name: name}}
+	if enc != nil {
+		recs = append(recs, d.cryptRecordLockedMu())
+	}
+	s.appendLockedMu(append(recs, record{Type: recUnlink, ID: id})...)
 	return &Disk{d: d}, nil
 }
 

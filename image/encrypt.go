@@ -491,3 +491,51 @@ func (s *Store) writeEncryptedZeros(c *crypt.Cipher, sg blockmap.Segment) error 
 	}
 	return nil
 }
+
+// CreateHiddenEncrypted is CreateHidden for an encrypted disk: with a new
+// data key sealed in one slot opened by secret, or, when like is not nil,
+// with like's data key and key slots (like must be an unlocked encrypted
+// disk), so that like's blocks can be shared into it (an incremental
+// receive starts from its base).
+func (s *Store) CreateHiddenEncrypted(size int64, a Attr, secret *crypt.Secret, like *Disk) (*Disk, error) {
+	if err := s.upgradeCrypt(); err != nil {
+		return nil, fmt.Errorf("create hidden disk: %w", err)
+	}
+	var enc *diskCrypt
+	var c *crypt.Cipher
+	if like != nil {
+		l := like.d
+		var err error
+		if c, err = l.cipher(); err != nil {
+			return nil, fmt.Errorf("create hidden disk: %w", err)
+		}
+		if c == nil {
+			return nil, fmt.Errorf("create hidden disk like disk %d: %w", l.id, ErrNotEncrypted)
+		}
+		base, err := newTweakBase()
+		if err != nil {
+			return nil, err
+		}
+		l.mu.RLock()
+		enc = &diskCrypt{check: l.enc.check, slots: l.enc.slots, tweakBase: base}
+		l.mu.RUnlock()
+	} else {
+		var err error
+		if enc, c, err = s.newKey(secret, crypt.Argon2Params{}); err != nil {
+			return nil, fmt.Errorf("create hidden disk: %w", err)
+		}
+	}
+	h, err := s.createHidden(size, a, enc)
+	if err != nil {
+		return nil, err
+	}
+	s.shareCipher(enc.check, c)
+	return h, nil
+}
+
+// Encrypted reports whether the disk is encrypted, and Locked whether its
+// key is still to be given.
+func (h *Disk) Encrypted() (encrypted, locked bool) {
+	d := h.d
+	return d.enc != nil, d.enc != nil && d.enc.cipher.Load() == nil
+}

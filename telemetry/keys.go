@@ -31,6 +31,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -326,4 +327,50 @@ func KeySlots(mountpoint, disk string) ([]image.KeySlot, error) {
 	var rep []image.KeySlot
 	err := keyRequest(mountpoint, http.MethodGet, "/keys", url.Values{"disk": {disk}}, &rep)
 	return rep, err
+}
+
+// withRights is c for one request whose connection passes files with its
+// first bytes (SCM_RIGHTS): a streaming request (a receive) with a key.
+func withRights(c *http.Client, sock string, files ...*os.File) *http.Client {
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	oob := unix.UnixRights(fds...)
+	return &http.Client{Timeout: c.Timeout, Transport: expectContinue{&http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, "unix", sock)
+			if err != nil {
+				return nil, err
+			}
+			return &rightsConn{UnixConn: conn.(*net.UnixConn), oob: oob}, nil
+		},
+		DisableKeepAlives:     true,
+		ExpectContinueTimeout: time.Second,
+	}}}
+}
+
+// rightsConn passes oob with the first bytes it writes.
+type rightsConn struct {
+	*net.UnixConn
+	mu  sync.Mutex
+	oob []byte
+}
+
+func (c *rightsConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	oob := c.oob
+	c.oob = nil
+	c.mu.Unlock()
+	if oob == nil {
+		return c.UnixConn.Write(b)
+	}
+	n, _, err := c.UnixConn.WriteMsgUnix(b, oob, nil)
+	if err == nil && n < len(b) {
+		var m int
+		m, err = c.UnixConn.Write(b[n:])
+		n += m
+	}
+	return n, err
 }

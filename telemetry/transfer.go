@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/transfer"
 )
@@ -68,7 +70,15 @@ func handleTransfers(mux *http.ServeMux, ctl Controller) {
 	})
 	mux.HandleFunc("POST /receive", func(w http.ResponseWriter, r *http.Request) {
 		o, err := receiveOptions(r.URL.Query())
+		if err == nil && r.URL.Query().Get("encrypt") == "1" {
+			var keys []*crypt.Secret
+			if keys, err = keySecrets(r, 1); err == nil {
+				defer closeSecrets(keys)
+				o.Key = keys[0]
+			}
+		}
 		if err != nil {
+			drainRefused(w, r.Body)
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -277,11 +287,25 @@ func Send(mountpoint, disk, from string, w io.Writer) (int64, error) {
 // with o's mode and owner when set (o.Progress is not used). When the
 // daemon stops during the receive, the error says so (ErrDaemonStopped).
 func Receive(mountpoint, name string, r io.Reader, o transfer.ReceiveOptions) (transfer.Stats, error) {
+	return receiveWith(mountpoint, name, r, o, nil)
+}
+
+// ReceiveEncrypted is Receive of an encrypted disk (transfer.ReceiveOptions.Key)
+// under the key of the key file key, passed to the daemon open (keys.go).
+func ReceiveEncrypted(mountpoint, name string, r io.Reader, o transfer.ReceiveOptions, key *os.File) (transfer.Stats, error) {
+	return receiveWith(mountpoint, name, r, o, key)
+}
+
+func receiveWith(mountpoint, name string, r io.Reader, o transfer.ReceiveOptions, key *os.File) (transfer.Stats, error) {
 	c, abs, sock, err := client(mountpoint, 0)
 	if err != nil {
 		return transfer.Stats{}, err
 	}
 	q := url.Values{"name": {name}}
+	if key != nil {
+		c = withRights(c, sock, key)
+		q.Set("encrypt", "1")
+	}
 	if o.Mode != nil {
 		q.Set("mode", strconv.FormatUint(uint64(*o.Mode), 8))
 	}

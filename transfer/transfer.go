@@ -38,6 +38,7 @@ import (
 
 	"github.com/ncw/directio"
 
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/stream"
 )
@@ -303,6 +304,12 @@ type ReceiveOptions struct {
 	Mode, UID, GID *uint32
 	// Progress, when not nil, is told the data bytes received so far.
 	Progress func(done int64)
+	// Key, when not nil, makes the received disk encrypted: under a new
+	// data key sealed in a slot Key opens, or, for an incremental stream
+	// whose base is encrypted, under the base's key, which Key must open
+	// (it unlocks the base). A disk received on an encrypted base is
+	// encrypted with it anyway, its key given or not.
+	Key *crypt.Secret
 }
 
 // Receive reads a stream from r into s as the disk name, a read-only
@@ -338,7 +345,7 @@ func receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats,
 	st.Size, st.Incremental = h.Size, h.Incremental()
 	var base *image.Disk
 	if h.Incremental() {
-		if base, err = openBase(s, h); err != nil {
+		if base, err = openBase(s, h, o.Key); err != nil {
 			return st, err
 		}
 		defer base.Close()
@@ -356,7 +363,7 @@ func receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats,
 	if o.GID != nil {
 		attr.GID = *o.GID
 	}
-	d, err := s.CreateHidden(h.Size, attr)
+	d, err := createFor(s, h.Size, attr, base, h.FromName, o.Key)
 	if err != nil {
 		return st, err
 	}
@@ -409,13 +416,40 @@ func receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats,
 	return st, nil
 }
 
+// createFor makes the hidden disk a stream is received into: plain, or
+// encrypted under a new key opened by key, or, on an encrypted base (which
+// openBase unlocked), under the base's key.
+func createFor(s *image.Store, size int64, attr image.Attr, base *image.Disk, baseName string, key *crypt.Secret) (*image.Disk, error) {
+	baseEncrypted := false
+	if base != nil {
+		baseEncrypted, _ = base.Encrypted()
+	}
+	switch {
+	case baseEncrypted:
+		return s.CreateHiddenEncrypted(size, attr, nil, base)
+	case key != nil && base != nil:
+		return nil, fmt.Errorf("an encrypted disk on the plain base %q: %w", baseName, image.ErrCrossKey)
+	case key != nil:
+		return s.CreateHiddenEncrypted(size, attr, key, nil)
+	}
+	return s.CreateHidden(size, attr)
+}
+
 // openBase opens the receiver's copy of the base of the incremental
 // stream h: the snapshot with its identity, which must have the base's
 // size and digest (a version-1 stream carries neither).
-func openBase(s *image.Store, h stream.Header) (*image.Disk, error) {
+//
+// An encrypted base is unlocked with key, when given: its digest is of its
+// data.
+func openBase(s *image.Store, h stream.Header, key *crypt.Secret) (*image.Disk, error) {
 	name, ok := s.FindUUID(h.From)
 	if !ok {
 		return nil, fmt.Errorf("the stream is incremental from snapshot %q (identity %x), which this store does not hold as a snapshot: receive a complete stream of it first: %w", h.FromName, h.From, ErrNoBase)
+	}
+	if info, err := s.Stat(name); err == nil && info.Encrypted && key != nil {
+		if _, err := s.Unlock(name, key); err != nil {
+			return nil, fmt.Errorf("base %q: %w", name, err)
+		}
 	}
 	base, err := s.OpenDisk(name)
 	if err != nil {

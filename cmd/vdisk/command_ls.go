@@ -60,9 +60,10 @@ the disk maps, as du counts it), split into exclusive (blocks no other disk
 maps: what removing the disk frees) and shared (blocks it shares with clones
 and snapshots), number of extents in the block map and their average size (a
 disk written in random order has more, smaller extents, and reads back in
-smaller I/Os), modification time, origin: "snapshot of DISK" or "clone of
-DISK" (a whole-disk cp on the mount), else "-", and encryption: "encrypted",
-"locked" (encrypted, its key not given: vdisk unlock), else "-".
+smaller I/Os), modification time, and origin: "snapshot of DISK" or "clone of
+DISK" (a whole-disk cp on the mount), else "-". When the store holds
+encrypted disks, a last column ENCRYPTION says "encrypted", "locked"
+(encrypted, its key not given to the mount: vdisk unlock), or "-".
 
 STORE may be mounted: given its mount point, or its path while a daemon
 serves it, ls asks the daemon, and lists what the mount shows now.`,
@@ -89,11 +90,12 @@ serves it, ls asks the daemon, and lists what the mount shows now.`,
 				size = func(n int64) string { return strconv.FormatInt(n, 10) }
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN\tENCRYPTION")
+			enc := anyEncrypted(disks)
+			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN"+encryptionColumn(enc, nil))
 			for _, d := range disks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Name, size(d.Size), size(d.Allocated),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s%s\n", d.Name, size(d.Size), size(d.Allocated),
 					size(d.Allocated-d.Shared), size(d.Shared), d.Extents, size(avgExtent(d.Allocated, d.Extents)),
-					d.Mtime.Local().Format("2006-01-02 15:04:05"), originOf(d), encryptionOf(d))
+					d.Mtime.Local().Format("2006-01-02 15:04:05"), originOf(d), encryptionColumn(enc, &d))
 			}
 			return tw.Flush()
 		},

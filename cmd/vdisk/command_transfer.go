@@ -200,6 +200,8 @@ stream format is in FORMAT.md ("Send stream").`,
 
 func newReceiveCmd(e *env) *cobra.Command {
 	var mode, owner string
+	var encrypt bool
+	var key keyFlags
 	cmd := &cobra.Command{
 		Use:   "receive MOUNTPOINT|STORE NAME [STREAM] [--mode MODE] [--owner UID[:GID]]",
 		Short: "Make a disk from a stream of vdisk send",
@@ -219,7 +221,13 @@ copy's size or digest is not the sender's. The disk appears only once the
 whole stream has arrived and verified: a cut or damaged stream leaves no
 disk behind. Given the MOUNTPOINT of a vdiskfs mount, its daemon receives
 the disk, and it shows in the mount; given a STORE, the store must not be
-mounted.`,
+mounted.
+
+With --encrypt --key-file F the disk is encrypted on arrival under a new key
+of its own, sealed in a slot F opens (as vdisk create --encrypt). An
+incremental stream on an encrypted base is encrypted under the base's key,
+with or without --encrypt; it needs that key (F opens the base and unlocks
+it, unless a mount has it unlocked already).`,
 		Example: `  vdisk receive /mnt/vdisks vm1-monday.raw < vm1-monday.stream
   vdisk receive /srv/vdisks.img vm1-monday.raw vm1-monday.stream --mode 0640 --owner qemu:kvm`,
 		Args: rangeArgs(2, "STORE", "NAME", "STREAM"),
@@ -228,6 +236,10 @@ mounted.`,
 			if err != nil {
 				return err
 			}
+			if encrypt && !key.given() {
+				return usageErrorf("--encrypt needs --key-file (or --passphrase-file)")
+			}
+			encrypt = key.given() // a key alone encrypts too, or opens an encrypted base
 			in := io.Reader(os.Stdin)
 			if len(args) == 3 && args[2] != "-" {
 				f, err := os.Open(args[2])
@@ -239,7 +251,7 @@ mounted.`,
 			}
 			if mnt, err := canonicalMountpoint(args[0]); err == nil {
 				if _, err := vdiskMountAt(mnt); err == nil {
-					st, err := telemetry.Receive(mnt, args[1], in, o)
+					st, err := receiveMounted(mnt, args[1], in, o, encrypt, &key)
 					if err != nil {
 						return err
 					}
@@ -252,11 +264,19 @@ mounted.`,
 				return err
 			}
 			defer e.closeStore(s, &err)
+			if encrypt {
+				if o.Key, err = key.secret(e); err != nil {
+					return err
+				}
+				defer o.Key.Close()
+			}
 			return runReceive(e, in, s, args[1], o)
 		},
 	}
 	cmd.Flags().StringVar(&mode, "mode", "", "the disk's permission bits, in octal (at most 0777), instead of the sent disk's")
 	cmd.Flags().StringVar(&owner, "owner", "", "the disk's owner, UID[:GID] or USER[:GROUP], instead of the sent disk's")
+	cmd.Flags().BoolVar(&encrypt, "encrypt", false, "encrypt the received disk under a key of its own (needs --key-file)")
+	key.add(cmd, "the key of the encrypted disk", true)
 	return cmd
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/telemetry"
+	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
 // encryptionOf is a disk's ENCRYPTION column in vdisk ls.
@@ -390,4 +391,41 @@ func createEncrypted(e *env, a storeAccess, name string, size int64, mode uint32
 	}
 	fmt.Fprintf(e.stdout, "created %s: %s, encrypted\n", name, formatSizeExact(size))
 	return nil
+}
+
+// receiveMounted is vdisk receive through a mount: with --encrypt, the key
+// file goes to the daemon open with the stream.
+func receiveMounted(mnt, name string, in io.Reader, o transfer.ReceiveOptions, encrypt bool, k *keyFlags) (transfer.Stats, error) {
+	if !encrypt {
+		return telemetry.Receive(mnt, name, in, o)
+	}
+	f, err := openKeyFile(k.keyFile)
+	if err != nil {
+		return transfer.Stats{}, err
+	}
+	defer f.Close()
+	return telemetry.ReceiveEncrypted(mnt, name, in, o, f)
+}
+
+// encryptionColumn is what vdisk ls adds to its header and to the line of
+// disk d: nothing unless the store holds encrypted disks (any), else an
+// ENCRYPTION column.
+func encryptionColumn(any bool, d *image.DiskInfo) string {
+	switch {
+	case !any:
+		return ""
+	case d == nil:
+		return "\tENCRYPTION"
+	}
+	return "\t" + encryptionOf(*d)
+}
+
+// anyEncrypted reports whether disks holds an encrypted disk.
+func anyEncrypted(disks []image.DiskInfo) bool {
+	for _, d := range disks {
+		if d.Encrypted {
+			return true
+		}
+	}
+	return false
 }

@@ -179,3 +179,63 @@ func firstSlot(t *testing.T, list string) string {
 	}
 	return strings.Fields(lines[1])[0]
 }
+
+// send of an unlocked encrypted disk sends plaintext; a locked one is
+// refused (exit 32); receive --encrypt encrypts on arrival under a key of
+// its own, and an incremental stream lands on its encrypted base under
+// the base's key.
+func TestEncryptedSendReceive(t *testing.T) {
+	requireFUSE(t)
+	src := newStore(t)
+	keys := t.TempDir()
+	writeKey(t, keys, "a.raw.key", 0o600)
+	mustRun(t, "create", src, "a.raw", "2M", "--encrypt", "--key-file", filepath.Join(keys, "a.raw.key"))
+	mnt, exit := mountInProcess(t, "--key-dir", keys, src, filepath.Join(t.TempDir(), "mnt"))
+	p1, p2 := cryptPattern("FIRST", 1<<20), cryptPattern("SECOND", 1<<20)
+	writeDisk(t, filepath.Join(mnt, "a.raw"), p1)
+	mustRun(t, "snapshot", filepath.Join(mnt, "a.raw"), "a.1")
+	writeDisk(t, filepath.Join(mnt, "a.raw"), p2)
+	mustRun(t, "snapshot", filepath.Join(mnt, "a.raw"), "a.2")
+	full := mustRun(t, "send", filepath.Join(mnt, "a.1")).stdout
+	incr := mustRun(t, "send", filepath.Join(mnt, "a.2"), "--from", "a.1").stdout
+	unmountAndWait(t, mnt, exit)
+	if !strings.Contains(full, string(p1[4096:4160])) {
+		t.Error("the stream of an unlocked encrypted disk is not plaintext")
+	}
+	wantFail(t, exitLocked, []string{"locked"}, "send", src, "a.1")
+
+	dir := t.TempDir()
+	fullPath, incrPath := filepath.Join(dir, "full"), filepath.Join(dir, "incr")
+	os.WriteFile(fullPath, []byte(full), 0o600)
+	os.WriteFile(incrPath, []byte(incr), 0o600)
+	dst := newStore(t)
+	k2 := writeKey(t, dir, "k2", 0o600)
+	mustRun(t, "receive", dst, "r.1", fullPath, "--encrypt", "--key-file", k2)
+	wantFail(t, exitLocked, []string{"locked"}, "receive", dst, "r.2", incrPath)
+	mustRun(t, "receive", dst, "r.2", incrPath, "--key-file", k2)
+	img, err := os.ReadFile(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][]byte{p1, p2} {
+		if bytes.Contains(img, p[4096:4160]) {
+			t.Fatal("a received encrypted disk's data is in the store in clear")
+		}
+	}
+	mnt, exit = mountInProcess(t, dst, filepath.Join(t.TempDir(), "mnt"))
+	mustRun(t, "unlock", filepath.Join(mnt, "r.2"), "--key-file", k2)
+	checkDisk(t, filepath.Join(mnt, "r.1"), p1)
+	checkDisk(t, filepath.Join(mnt, "r.2"), p2)
+	// Through the mount, the key file goes to the daemon open, with the
+	// stream; the disk is unlocked there at once.
+	k3 := writeKey(t, dir, "k3", 0o600)
+	mustRun(t, "receive", mnt, "r.3", fullPath, "--encrypt", "--key-file", k3)
+	checkDisk(t, filepath.Join(mnt, "r.3"), p1)
+	if out := mustRun(t, "ls", mnt).stdout; !strings.Contains(out, "encrypted") {
+		t.Errorf("ls:\n%s", out)
+	}
+	unmountAndWait(t, mnt, exit)
+	mnt, exit = mountInProcess(t, dst, mnt)
+	wantFail(t, exitWrongKey, []string{"wrong key"}, "unlock", filepath.Join(mnt, "r.3"), "--key-file", k2)
+	unmountAndWait(t, mnt, exit)
+}
