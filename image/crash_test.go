@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
@@ -105,6 +107,7 @@ func runCrash(t *testing.T, seed uint64, steps int) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	key := testSecret(t, 0x5a) // of the encrypted disks (crashEncrypted)
 	instances := map[uint64]*crashInstance{}
 	live := map[string]*crashInstance{}
 	data := map[string][]byte{}
@@ -129,7 +132,7 @@ func runCrash(t *testing.T, seed uint64, steps int) int {
 		op := rng.IntN(100)
 		if exists && op >= 55 && op < 66 {
 			srcName := names[rng.IntN(len(names))]
-			if src, ok := handles[srcName]; ok && op < 62 {
+			if src, ok := handles[srcName]; ok && op < 62 && crashEncrypted(srcName) == crashEncrypted(name) {
 				// A copy: mostly block-aligned ranges (shared), sometimes
 				// not (copied), between disks or within one.
 				srcOff, n := randRange(rng, 4096, limit)
@@ -203,7 +206,13 @@ func runCrash(t *testing.T, seed uint64, steps int) int {
 				}
 				continue
 			}
-			info, err := s.Create(name, 0, Attr{Mode: 0o644})
+			var info DiskInfo
+			var err error
+			if crashEncrypted(name) {
+				info, err = s.CreateEncrypted(name, 0, Attr{Mode: 0o644}, key, crypt.Argon2Params{})
+			} else {
+				info, err = s.Create(name, 0, Attr{Mode: 0o644})
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -303,13 +312,13 @@ func runCrash(t *testing.T, seed uint64, steps int) int {
 		cuts = append(cuts, cut{first + rng.IntN(last-first+1), backend.Torn})
 	}
 	for _, k := range cuts {
-		verifyCrashState(t, c, k.op, k.mode, rng, syncs, log, instances)
+		verifyCrashState(t, c, k.op, k.mode, rng, syncs, log, instances, key)
 	}
 	return len(cuts)
 }
 
 func verifyCrashState(t *testing.T, c *backend.Crash, op int, mode backend.CrashMode, rng *rand.Rand,
-	syncs []crashSync, log []crashStep, instances map[uint64]*crashInstance) {
+	syncs []crashSync, log []crashStep, instances map[uint64]*crashInstance, key *crypt.Secret) {
 	t.Helper()
 	where := fmt.Sprintf("power cut after op %d (%s)", op, mode)
 	mem := c.MemAt(op, rng, mode)
@@ -320,6 +329,13 @@ func verifyCrashState(t *testing.T, c *backend.Crash, op int, mode backend.Crash
 	defer s.Close()
 	if rep := s.Check(); !rep.Clean() {
 		t.Fatalf("%s: check: %v", where, rep.Findings)
+	}
+	for _, info := range s.List() {
+		if info.Locked {
+			if _, err := s.Unlock(info.Name, key); err != nil {
+				t.Fatalf("%s: unlock %q: %v", where, info.Name, err)
+			}
+		}
 	}
 	// The last sync that completed before the cut.
 	k := 0
@@ -410,6 +426,11 @@ func verifyCrashState(t *testing.T, c *backend.Crash, op int, mode backend.Crash
 		}
 	}
 }
+
+// crashEncrypted says the crash test's disk called name (b, and its
+// snapshot sb) is encrypted: copies between it and the plain ones are
+// refused, and skipped.
+func crashEncrypted(name string) bool { return strings.HasSuffix(name, "b") }
 
 func readAll(t *testing.T, s *Store, name string) []byte {
 	t.Helper()
