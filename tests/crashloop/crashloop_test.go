@@ -2,7 +2,9 @@
 // concurrent workload and checks, after each remount, the crash contract
 // end to end: everything acknowledged before the last completed fsync, or
 // synchronous write (O_DSYNC, O_SYNC, RWF_DSYNC), reads back exactly, no
-// disk shows a byte of another disk, and vdisk fsck is clean. The workload
+// disk shows a byte of another disk, and vdisk fsck is clean. The odd
+// disks are encrypted (vdisk create --encrypt), unlocked at every mount by
+// --key-dir, so that power cuts land on encrypted writes too. The workload
 // shares blocks too: copy_file_range within a disk, and snapshots (vdisk
 // snapshot through the mount's socket), each of which must read, after
 // every kill, exactly what its disk held when it was taken.
@@ -717,10 +719,28 @@ func TestCrashLoop(t *testing.T) {
 		}
 		t.Fatal(msg)
 	}
-	// The disks exist (durably) before the first kill.
+	// The disks exist (durably) before the first kill; the odd ones are
+	// encrypted, their keys in keys/ (mount --key-dir).
+	keys := filepath.Join(dir, "keys")
+	if err := os.Mkdir(keys, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mount := func(t *testing.T, bin, store, mnt string, extra ...string) *daemon {
+		return mount(t, bin, store, mnt, append([]string{"--key-dir", keys}, extra...)...)
+	}
 	d := mount(t, bin, store, mnt)
 	for i := range models {
-		f, err := os.Create(filepath.Join(mnt, fmt.Sprintf("d%d.raw", i)))
+		name := fmt.Sprintf("d%d.raw", i)
+		if i%2 == 1 {
+			key := filepath.Join(keys, name+".key")
+			if err := os.WriteFile(key, bytes.Repeat([]byte{byte(i)}, 32), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(bin, "create", mnt, name, "0", "--encrypt", "--key-file", key).CombinedOutput(); err != nil {
+				t.Fatalf("create %s: %v: %s", name, err, out)
+			}
+		}
+		f, err := os.OpenFile(filepath.Join(mnt, name), os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
 			t.Fatal(err)
 		}
