@@ -169,21 +169,9 @@ func decryptSegs(c *crypt.Cipher, buf []byte, segs []blockmap.Segment, first, bs
 // upgradeCrypt makes the store version 3 (encrypted disks) if it is not:
 // shared blocks and encrypted disks, superblock first.
 func (s *Store) upgradeCrypt() error {
-	s.commitMu.Lock()
-	defer s.commitMu.Unlock()
-	if s.sb.Features&featEncrypted != 0 {
-		return nil
+	if err := s.upgradeTo(featShared|featEncrypted, cryptVersion); err != nil {
+		return err
 	}
-	if err := s.writable(); err != nil {
-		return fmt.Errorf("upgrade: %w", err)
-	}
-	sb := s.sb
-	sb.Features |= featShared | featEncrypted
-	sb.Generation++
-	if err := s.writeSuper(&sb); err != nil {
-		return s.fail(fmt.Errorf("upgrade to version %d: %w", cryptVersion, err))
-	}
-	s.sb = sb
 	s.crypted.Store(true)
 	return nil
 }

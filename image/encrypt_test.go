@@ -62,6 +62,15 @@ func readDisk(t testing.TB, s *Store, name string) ([]byte, error) {
 	return buf, err
 }
 
+// checkReads fails the test unless the named disk reads want from its
+// start.
+func checkReads(t *testing.T, s *Store, name string, want []byte) {
+	t.Helper()
+	if got, err := readDisk(t, s, name); err != nil || !bytes.Equal(got[:len(want)], want) {
+		t.Fatalf("%s reads back wrong (%v)", name, err)
+	}
+}
+
 // An encrypted disk's data is nowhere in the store in clear, a plain
 // disk's is; both read back as written, through a checkpoint and through
 // journal replay, and the encrypted one only once unlocked.
@@ -133,12 +142,8 @@ func TestEncryptedDiskRoundTrip(t *testing.T) {
 			if _, err := s.Unlock("secret.raw", testSecret(t, 7)); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := readDisk(t, s, "secret.raw"); err != nil || !bytes.Equal(got[:len(ep)], ep) {
-				t.Fatalf("encrypted disk after unlock reads back wrong (%v)", err)
-			}
-			if got, err := readDisk(t, s, "plain.raw"); err != nil || !bytes.Equal(got[:len(pp)], pp) {
-				t.Fatalf("plain disk reads back wrong (%v)", err)
-			}
+			checkReads(t, s, "secret.raw", ep)
+			checkReads(t, s, "plain.raw", pp)
 		})
 	}
 }
@@ -315,9 +320,7 @@ func TestKeySlots(t *testing.T) {
 	if _, err := s.Unlock("a.raw", testSecret(t, 2)); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := readDisk(t, s, "a.raw"); err != nil || !bytes.Equal(got[:len(p)], p) {
-		t.Errorf("reads back wrong after the key change (%v)", err)
-	}
+	checkReads(t, s, "a.raw", p)
 }
 
 // Punch, truncate and fallocate of an encrypted disk keep reading as a

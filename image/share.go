@@ -33,26 +33,31 @@ var ErrReadOnlyDisk = errors.New("image: disk is a read-only snapshot")
 // Upgrade makes the store version 2 (shared blocks) if it is not: the
 // superblock says so from now on, and builds that only know version 1
 // refuse the store. Snapshot and CopyFrom upgrade as needed.
-func (s *Store) Upgrade() error {
+func (s *Store) Upgrade() error { return s.upgradeTo(featShared, sharedVersion) }
+
+// upgradeTo sets the feature bits features (of format version version) in
+// the superblock, both copies, unless they are set already.
+func (s *Store) upgradeTo(features, version uint32) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	if s.sb.Features&featShared != 0 {
+	if s.sb.Features&features == features {
 		return nil
 	}
 	if err := s.writable(); err != nil {
 		return fmt.Errorf("upgrade: %w", err)
 	}
 	sb := s.sb
-	sb.Features |= featShared
+	sb.Features |= features
 	sb.Generation++
 	if err := s.writeSuper(&sb); err != nil {
-		return s.fail(fmt.Errorf("upgrade to version %d: %w", sharedVersion, err))
+		return s.fail(fmt.Errorf("upgrade to version %d: %w", version, err))
 	}
 	s.sb = sb
 	return nil
 }
 
-// Version is the store's format version: 1, or 2 once it shares blocks.
+// Version is the store's format version: 1, 2 once it shares blocks, 3
+// once it holds an encrypted disk.
 func (s *Store) Version() int {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
