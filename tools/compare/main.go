@@ -77,7 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.mount, "mount", "", "use this existing vdiskfs mount instead of mounting a store")
 	fs.StringVar(&o.vdisk, "vdisk", "vdisk", "vdisk binary, for the counters of a --mount (runs: vdisk stats --json MNT)")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "pid of the vdiskfs daemon behind --mount, for its CPU time")
-	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, passthrough, raw, qsd-qcow2 (or qsd); \"all\" for every one")
+	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, vdiskfs-encrypted (an encrypted disk on vdiskfs's mount), passthrough, raw, qsd-qcow2 (or qsd); \"all\" for every one")
 	fs.StringVar(&o.baseline, "baseline", targetPassthrough, "target the ratios are taken against")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every workload on every target, the target order alternating")
 	fs.DurationVar(&o.runtime, "runtime", 15*time.Second, "measured time of each run (fio runtime)")
@@ -166,7 +166,7 @@ func parseSize(s string) (int64, error) {
 
 // allTargets is the order targets appear in, whatever order --targets
 // names them in.
-var allTargets = []string{targetVdiskfs, targetPassthrough, targetRaw, targetQSD}
+var allTargets = []string{targetVdiskfs, targetEncrypted, targetPassthrough, targetRaw, targetQSD}
 
 // parseTargets reads --targets: built-in names, and the names of --binary
 // targets, which come after the built-in ones.
@@ -374,6 +374,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		}
 	}()
 	vdiskfsSrc, ioEngineUsed, transportUsed := "", "", ""
+	var local *vdiskfsLocal // the in-process vdiskfs mount, once made
 	for _, name := range targetNames {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -405,9 +406,16 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 					used, _ := vt.store.IOEngine()
 					ioEngineUsed = string(used)
 					transportUsed = vt.srv.Transport()
-					t = vt
+					t, local = vt, vt
 				}
 			}
+		case targetEncrypted:
+			// On vdiskfs's own mount when it is a target (it comes first),
+			// so that the two disks differ in encryption alone.
+			t, err = newVdiskfsEncrypted(local, func() (*vdiskfsLocal, error) {
+				vdiskfsSrc = "in-process fs.Mount of " + filepath.Join(work, "vdiskfs.store")
+				return newVdiskfsLocal(filepath.Join(work, "vdiskfs.store"), filepath.Join(work, "mnt-vdiskfs"), o.size, true, o.commitInterval, o.ioEngine, o.fuseTransport, logger)
+			}, o.size)
 		case targetPassthrough:
 			t, err = newPassthrough(filepath.Join(work, "passthrough.img"), filepath.Join(work, "mnt-passthrough"), o.size)
 		case targetRaw:

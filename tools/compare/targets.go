@@ -29,6 +29,7 @@ const (
 	targetPassthrough = "passthrough"
 	targetRaw         = "raw"
 	targetQSD         = "qsd-qcow2"
+	targetEncrypted   = "vdiskfs-encrypted"
 )
 
 // diskName is the name of the file fio uses inside every mount.
