@@ -112,6 +112,20 @@
 // through one pooled aligned buffer, with at most two read-modify-write
 // edge blocks.
 //
+// # Encrypted disks
+//
+// An encrypted disk (encrypt.go; format version 3) is encrypted in the
+// same plan: a write's blocks are encrypted, each under the tweak its
+// extent gives it, into the plan's pooled buffer just before the I/O is
+// made (always that buffer, so never in a caller's or a guest's memory),
+// and a read's are decrypted in place when the plan finishes, before a
+// bounce buffer is copied out. So every door serves an encrypted disk
+// encrypted, with no change of its own. A disk whose key has not been
+// given (Store.Unlock) refuses data plans (ErrLocked); everything that
+// moves or shares blocks without reading them (clones, snapshots, copies
+// within one key, defrag's raw reads) works without the key and keeps
+// each block's tweak.
+//
 // # Concurrency
 //
 // Store and Disk methods are safe for concurrent use. Locks, always taken
