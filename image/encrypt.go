@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/crypt"
 )
 
@@ -526,4 +528,126 @@ func (s *Store) CreateHiddenEncrypted(size int64, a Attr, secret *crypt.Secret, 
 func (h *Disk) Encrypted() (encrypted, locked bool) {
 	d := h.d
 	return d.enc != nil, d.enc != nil && d.enc.cipher.Load() == nil
+}
+
+// RawPiece is a piece of an encrypted disk's blocks as ReadRaw found
+// them: a hole, or ciphertext whose first block has tweak Tweak (the next
+// blocks' following).
+type RawPiece struct {
+	Off, Len int64 // bytes: whole blocks
+	Hole     bool
+	Tweak    uint64
+}
+
+// rawRange checks that the disk is encrypted and [off, off+n) whole
+// blocks, and returns its blocks.
+func (h *Disk) rawRange(off int64, n int) (first, count uint64, err error) {
+	if err := h.live(); err != nil {
+		return 0, 0, err
+	}
+	d, bs := h.d, h.d.s.bs
+	if d.enc == nil {
+		return 0, 0, fmt.Errorf("disk %d: %w", d.id, ErrNotEncrypted)
+	}
+	if off < 0 || uint64(off)%bs != 0 || uint64(n)%bs != 0 || n == 0 {
+		return 0, 0, fmt.Errorf("disk %d: raw blocks [%d,+%d) of %d bytes each: %w", d.id, off, n, bs, ErrInvalid)
+	}
+	return uint64(off) / bs, uint64(n) / bs, nil
+}
+
+// ReadRaw reads the blocks [off, off+len(p)) of an encrypted disk as they
+// are stored, ciphertext, into p (holes, and blocks past the last one
+// holding the size, as zeros), and appends to dst the pieces it found with
+// their tweaks. It needs no key: a raw send.
+func (h *Disk) ReadRaw(p []byte, off int64, dst []RawPiece) ([]RawPiece, error) {
+	first, count, err := h.rawRange(off, len(p))
+	if err != nil {
+		return dst, err
+	}
+	d, bs := h.d, h.d.s.bs
+	lr := d.ranges.lock(first, count, false)
+	defer lr.unlock()
+	d.mu.RLock()
+	segs := d.m.Lookup(nil, first, count)
+	d.mu.RUnlock()
+	if err := d.readRawLockedRange(p, off); err != nil {
+		return dst, fmt.Errorf("disk %d raw read at %d: %w", d.id, off, err)
+	}
+	for _, sg := range segs {
+		dst = append(dst, RawPiece{Off: int64(sg.Virt * bs), Len: int64(sg.Len * bs), Hole: sg.Hole, Tweak: sg.Tweak})
+	}
+	return dst, nil
+}
+
+// WriteRaw writes p, ciphertext under the disk's data key (a raw
+// stream's), as the blocks [off, off+len(p)) of an encrypted disk, the
+// first with tweak tweak and each next one's the next: into new blocks,
+// whatever was mapped there. It needs no key. The disk does not grow: the
+// blocks must end by the last one holding the size.
+func (h *Disk) WriteRaw(p []byte, off int64, tweak uint64) error {
+	if _, _, err := h.rawRange(off, len(p)); err != nil {
+		return err
+	}
+	d := h.d
+	if math.MaxUint64-tweak < uint64(len(p))/d.s.bs-1 {
+		return fmt.Errorf("disk %d raw write at %d: tweaks from %d wrap: %w", d.id, off, tweak, ErrInvalid)
+	}
+	d.mu.RLock()
+	end := int64(coalesce.RoundUp(uint64(d.attr.Size), d.s.bs))
+	d.mu.RUnlock()
+	if off+int64(len(p)) > end {
+		return fmt.Errorf("disk %d raw write [%d,+%d) past its last block: %w", d.id, off, len(p), ErrInvalid)
+	}
+	var pl IOPlan
+	if err := h.prepare(&pl, p, off, planMode{write: true, wait: true, raw: true, rawTweak: tweak}); err != nil {
+		return fmt.Errorf("disk %d raw write at %d: %w", d.id, off, err)
+	}
+	if err := pl.perform(); err != nil {
+		return fmt.Errorf("disk %d raw write at %d: %w", d.id, off, err)
+	}
+	return nil
+}
+
+// SlotTable is an encrypted disk's encoded key slot table (crypt), and
+// false for a plain disk.
+func (h *Disk) SlotTable() (string, bool) {
+	d := h.d
+	if d.enc == nil {
+		return "", false
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.enc.slots, true
+}
+
+// CreateHiddenRaw is CreateHidden for a disk a raw stream fills
+// (WriteRaw): encrypted under the data key the encoded slot table slots
+// seals, or, when like is not nil, like's (an incremental raw stream's
+// base, whose blocks it shares). It needs no key; the disk is unlocked
+// when another disk with its key is.
+func (s *Store) CreateHiddenRaw(size int64, a Attr, slots string, like *Disk) (*Disk, error) {
+	if like != nil {
+		var ok bool
+		if slots, ok = like.SlotTable(); !ok {
+			return nil, fmt.Errorf("create hidden disk like disk %d: %w", like.d.id, ErrNotEncrypted)
+		}
+	}
+	if err := validateCrypt(0, slots); err != nil {
+		return nil, fmt.Errorf("create hidden disk: %w", err)
+	}
+	if err := s.upgradeCrypt(); err != nil {
+		return nil, fmt.Errorf("create hidden disk: %w", err)
+	}
+	base, err := newTweakBase()
+	if err != nil {
+		return nil, err
+	}
+	enc, err := newDiskCrypt(base, slots)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	enc.cipher.Store(s.mu.ciphers[enc.check])
+	s.mu.Unlock()
+	return s.createHidden(size, a, enc)
 }

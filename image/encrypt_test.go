@@ -354,3 +354,60 @@ func TestEncryptedSpaceOps(t *testing.T) {
 		t.Fatalf("reads back wrong (%v)", err)
 	}
 }
+
+// A raw copy (ReadRaw, CreateHiddenRaw, WriteRaw) of a locked disk needs
+// no key, keeps the tweaks, and reads as the original once unlocked.
+func TestRawCopyWithoutKey(t *testing.T) {
+	ms := newMemStore(t, 32<<20, FormatOptions{BlockSize: 4096})
+	s := ms.s
+	h := mustCreateEncrypted(t, s, "a.raw", 1<<20+100, 1)
+	want := textPattern("RAW", 1<<20+100)
+	if _, err := h.WriteAt(want[:300000], 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.WriteAt(want[700000:], 700000); err != nil {
+		t.Fatal(err)
+	}
+	clear(want[300000:700000])
+	h.Close()
+	ms.reopen()
+	s = ms.s
+	src, err := s.OpenDisk("a.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	buf := make([]byte, 1<<20+4096)
+	pieces, err := src.ReadRaw(buf, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, _ := src.SlotTable()
+	dst, err := s.CreateHiddenRaw(src.Size(), Attr{Mode: 0o600}, slots, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	for _, p := range pieces {
+		if p.Hole {
+			continue
+		}
+		if err := dst.WriteRaw(buf[p.Off:p.Off+p.Len], p.Off, p.Tweak); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dst.WriteRaw(buf[:8192], 1<<20+4096, 5); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a raw write past the last block: %v", err)
+	}
+	if err := dst.Publish("b.raw", true, [16]byte{}); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := s.Stat("b.raw"); info.Size != src.Size() || !info.Locked {
+		t.Errorf("raw copy %+v", info)
+	}
+	if _, err := s.Unlock("b.raw", testSecret(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	checkReads(t, s, "b.raw", want)
+	checkReads(t, s, "a.raw", want)
+}

@@ -84,6 +84,7 @@ type IOPlan struct {
 	// data (the blocks read: p's or the bounce buffer's); nil otherwise.
 	ciph *crypt.Cipher
 	data []byte
+	raw  bool // planMode.raw: a raw write does not grow the disk
 }
 
 // BackingIO is one I/O of an IOPlan: len(Buf) bytes at Off of the backing.
@@ -111,8 +112,12 @@ type planMode struct {
 	// neither takes nor releases it, and is not counted as a request.
 	locked bool
 	// raw: the blocks as stored, ciphertext on an encrypted disk, which
-	// need no key (defrag's reads).
-	raw bool
+	// need no key (defrag's reads, Disk.ReadRaw). A raw write (Disk.WriteRaw)
+	// puts ciphertext into new blocks, every one (what was mapped there
+	// is written around, as a shared block is), the first with tweak
+	// rawTweak, and never grows the disk.
+	raw      bool
+	rawTweak uint64
 }
 
 // errEmpty says a request of no bytes, which needs no plan.
@@ -298,7 +303,7 @@ func (d *disk) holdRange(pl *IOPlan, r *request, m planMode, closed *atomic.Bool
 	}
 	sc := getScratch()
 	*pl = IOPlan{IOs: sc.ios[:0], Completions: pl.Completions, write: m.write, be: s.be, sub: r.sub, async: r.async, p: r.p,
-		off: r.off, first: r.first, d: d, lr: lr, held: true, locked: m.locked, sc: sc}
+		off: r.off, first: r.first, d: d, lr: lr, held: true, locked: m.locked, sc: sc, raw: m.raw}
 	r.c = s.stats.shard(sc)
 	var err error
 	switch {
@@ -346,6 +351,12 @@ func (d *disk) lookUp(pl *IOPlan, r *request, m planMode) error {
 	size := d.attr.Size
 	if d.enc != nil {
 		r.tweakBase = d.enc.tweakBase
+	}
+	if m.write && m.raw { // every block new, with the stream's tweaks
+		sc.cow = append(sc.cow[:0], blockmap.Segment{Virt: r.first, Len: r.count, Hole: true})
+		sc.cowed, r.holes = true, true
+		r.nb = d.neighboursLockedMu(r.first, r.count)
+		r.tweakBase = m.rawTweak - r.first
 	}
 	d.mu.RUnlock()
 	if !m.wait && r.off+r.n > size { // a growing write, or a disk that shrank
@@ -595,7 +606,11 @@ func (pl *IOPlan) Finish() {
 	if pl.write {
 		d.s.writeGen.Add(1)
 		d.touch()
-		d.publishWriteLockedRange(sc, pl.off+int64(pl.N))
+		end := pl.off + int64(pl.N)
+		if pl.raw {
+			end = 0 // its last block may reach past the size
+		}
+		d.publishWriteLockedRange(sc, end)
 		sc.allocs = sc.allocs[:0] // mapped now: release must not return them
 	} else {
 		if pl.ciph != nil {

@@ -27,8 +27,14 @@ import (
 )
 
 // Version is the stream format this package writes. A Reader reads it and
-// version 1, which has no ownership and no base check (Header.Version).
+// version 1, which has no ownership and no base check (Header.Version),
+// and RawVersion.
 const Version = 2
+
+// RawVersion is the format of a raw stream (Header.Raw): an encrypted
+// disk's ciphertext, each block with its tweak, and its key slot table,
+// which needs no key to send or receive. Only a raw stream is version 3.
+const RawVersion = 3
 
 // MaxData is the largest data record: a Writer splits larger ranges.
 const MaxData = 1 << 20
@@ -52,6 +58,7 @@ const (
 	recData = 1 // Len bytes of data at Off follow
 	recZero = 2 // [Off, Off+Len) reads zeros
 	recEnd  = 3 // the end: counts of what came before
+	recRaw  = 4 // raw streams: Len bytes of ciphertext at Off follow, block Off/BlockSize with tweak Tweak, the next blocks' following
 )
 
 // Header describes the disk a stream carries.
@@ -81,6 +88,13 @@ type Header struct {
 	// for an incremental stream (version 2; zero otherwise).
 	FromSize   int64
 	FromDigest [32]byte
+	// Raw (version 3): the records are ciphertext of whole blocks of
+	// BlockSize bytes, each run with its first block's tweak, and Slots is
+	// the disk's encoded key slot table (package crypt). FromDigest is
+	// then of the base's ciphertext and tweaks (package transfer).
+	Raw       bool
+	BlockSize uint32
+	Slots     string
 }
 
 // Incremental reports whether the stream holds only changes from From.
@@ -91,6 +105,7 @@ func (h *Header) Incremental() bool { return h.From != [16]byte{} }
 const (
 	fixedV1 = 8 + 16 + 16                          // size, uuid, from
 	fixedV2 = fixedV1 + 4 + 4 + 4 + 8 + 8 + 8 + 32 // mode, uid, gid, atime, mtime, from size, from digest
+	fixedV3 = fixedV2 + 4                          // block size; the slot table follows the names
 )
 
 // Record is one data or zero record.
@@ -98,12 +113,15 @@ type Record struct {
 	Off, Len int64
 	Zero     bool
 	Data     []byte // Len bytes for a data record (valid until the next Next)
+	// Tweak is a raw stream's data record's first block's tweak.
+	Tweak uint64
 }
 
 // A Writer writes a stream. Records must come in increasing, not
 // overlapping, offset order; Close writes the end record.
 type Writer struct {
 	w       *bufio.Writer
+	bs      int64 // a raw stream's block size; 0 otherwise
 	next    int64 // the lowest offset the next record may have
 	records uint64
 	bytes   uint64
@@ -115,10 +133,17 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	if h.Version == 0 {
 		h.Version = Version
 	}
-	if len(h.Name) > 0xffff || len(h.FromName) > 0xffff || h.Size < 0 || h.FromSize < 0 || h.Version < 1 || h.Version > Version {
-		return nil, fmt.Errorf("stream header: version, name or size out of range")
+	if h.Raw {
+		h.Version = RawVersion
+	}
+	if len(h.Name) > 0xffff || len(h.FromName) > 0xffff || len(h.Slots) > 0xffff || h.Size < 0 || h.FromSize < 0 ||
+		h.Version < 1 || h.Version > RawVersion || h.Version == RawVersion && !validBlockSize(h.BlockSize) {
+		return nil, fmt.Errorf("stream header: version, name, size or block size out of range")
 	}
 	sw := &Writer{w: bufio.NewWriterSize(w, 256<<10)}
+	if h.Raw {
+		sw.bs = int64(h.BlockSize)
+	}
 	le := binary.LittleEndian
 	b := append([]byte(nil), magic[:]...)
 	b = le.AppendUint32(b, uint32(h.Version))
@@ -134,10 +159,17 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 		b = le.AppendUint64(b, uint64(h.FromSize))
 		b = append(b, h.FromDigest[:]...)
 	}
+	if h.Version >= RawVersion {
+		b = le.AppendUint32(b, h.BlockSize)
+	}
 	b = le.AppendUint16(b, uint16(len(h.Name)))
 	b = append(b, h.Name...)
 	b = le.AppendUint16(b, uint16(len(h.FromName)))
 	b = append(b, h.FromName...)
+	if h.Version >= RawVersion {
+		b = le.AppendUint16(b, uint16(len(h.Slots)))
+		b = append(b, h.Slots...)
+	}
 	b = le.AppendUint32(b, crc32.Checksum(b, table))
 	sw.write(b)
 	return sw, sw.err
@@ -149,21 +181,27 @@ func (sw *Writer) write(b []byte) {
 	}
 }
 
-// record writes one record: type, offset, length, the data, the CRC-32C of
-// all of those.
-func (sw *Writer) record(typ byte, off, n int64, data []byte) error {
+// record writes one record: type, offset, length, a raw record's tweak,
+// the data, the CRC-32C of all of those.
+func (sw *Writer) record(typ byte, off, n int64, tweak uint64, data []byte) error {
 	if sw.err != nil {
 		return sw.err
 	}
 	if off < sw.next || n <= 0 {
 		return fmt.Errorf("stream: record [%d,+%d) out of order (next offset %d)", off, n, sw.next)
 	}
-	var hdr [17]byte
+	if (sw.bs != 0) != (typ == recRaw) && typ != recZero || sw.bs != 0 && (off%sw.bs != 0 || n%sw.bs != 0) {
+		return fmt.Errorf("stream: record type %d [%d,+%d) in a stream of block size %d (0: not raw)", typ, off, n, sw.bs)
+	}
+	hdr := make([]byte, 17, 25)
 	hdr[0] = typ
 	binary.LittleEndian.PutUint64(hdr[1:], uint64(off))
 	binary.LittleEndian.PutUint64(hdr[9:], uint64(n))
-	sum := crc32.Update(crc32.Checksum(hdr[:], table), table, data)
-	sw.write(hdr[:])
+	if typ == recRaw {
+		hdr = binary.LittleEndian.AppendUint64(hdr, tweak)
+	}
+	sum := crc32.Update(crc32.Checksum(hdr, table), table, data)
+	sw.write(hdr)
 	sw.write(data)
 	sw.write(binary.LittleEndian.AppendUint32(nil, sum))
 	sw.next = off + n
@@ -176,7 +214,7 @@ func (sw *Writer) record(typ byte, off, n int64, data []byte) error {
 func (sw *Writer) Data(off int64, p []byte) error {
 	for len(p) > 0 {
 		n := min(len(p), MaxData)
-		if err := sw.record(recData, off, int64(n), p[:n]); err != nil {
+		if err := sw.record(recData, off, int64(n), 0, p[:n]); err != nil {
 			return err
 		}
 		off, p = off+int64(n), p[n:]
@@ -184,8 +222,30 @@ func (sw *Writer) Data(off int64, p []byte) error {
 	return nil
 }
 
-// Zero writes that [off, off+n) reads zeros.
-func (sw *Writer) Zero(off, n int64) error { return sw.record(recZero, off, n, nil) }
+// RawData writes p, ciphertext of whole blocks of a raw stream, as the
+// blocks at off, the first with tweak tweak and each next one's the next,
+// in records of at most MaxData.
+func (sw *Writer) RawData(off int64, tweak uint64, p []byte) error {
+	for len(p) > 0 {
+		n := min(len(p), MaxData)
+		if err := sw.record(recRaw, off, int64(n), tweak, p[:n]); err != nil {
+			return err
+		}
+		if sw.bs != 0 {
+			tweak += uint64(int64(n) / sw.bs)
+		}
+		off, p = off+int64(n), p[n:]
+	}
+	return nil
+}
+
+// Zero writes that [off, off+n) reads zeros (in a raw stream, whole
+// blocks).
+func (sw *Writer) Zero(off, n int64) error { return sw.record(recZero, off, n, 0, nil) }
+
+// validBlockSize reports whether a raw stream's block size is a power of
+// two from 4 KiB to 1 MiB (a store's).
+func validBlockSize(bs uint32) bool { return bs >= 4096 && bs <= 1<<20 && bs&(bs-1) == 0 }
 
 // Close writes the end record and flushes. It does not close the
 // underlying writer.
@@ -236,8 +296,10 @@ func NewReader(r io.Reader) (*Reader, error) {
 		fixed = make([]byte, fixedV1+2)
 	case 2:
 		fixed = make([]byte, fixedV2+2)
+	case RawVersion:
+		fixed = make([]byte, fixedV3+2)
 	default:
-		return nil, fmt.Errorf("stream format version %d, this build reads 1 and %d: %w", v, Version, ErrVersion)
+		return nil, fmt.Errorf("stream format version %d, this build reads 1 to %d: %w", v, RawVersion, ErrVersion)
 	}
 	h.Version = int(le.Uint32(start[8:]))
 	if err := sr.full(fixed, "header"); err != nil {
@@ -254,6 +316,9 @@ func NewReader(r io.Reader) (*Reader, error) {
 		h.FromSize = int64(le.Uint64(p[28:]))
 		copy(h.FromDigest[:], p[36:68])
 	}
+	if h.Version >= RawVersion {
+		h.Raw, h.BlockSize = true, le.Uint32(fixed[fixedV2:])
+	}
 	name, err := sr.name(le.Uint16(fixed[len(fixed)-2:]), &sum)
 	if err != nil {
 		return nil, err
@@ -267,6 +332,17 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if h.FromName, err = sr.name(le.Uint16(l[:]), &sum); err != nil {
 		return nil, err
 	}
+	if h.Raw {
+		if err := sr.full(l[:], "header"); err != nil {
+			return nil, err
+		}
+		sum = crc32.Update(sum, table, l[:])
+		slots, err := sr.name(le.Uint16(l[:]), &sum)
+		if err != nil {
+			return nil, err
+		}
+		h.Slots = slots
+	}
 	var c [4]byte
 	if err := sr.full(c[:], "header"); err != nil {
 		return nil, err
@@ -274,8 +350,8 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if le.Uint32(c[:]) != sum {
 		return nil, fmt.Errorf("stream header checksum: %w", ErrCorrupt)
 	}
-	if h.Size < 0 || h.FromSize < 0 {
-		return nil, fmt.Errorf("stream header: disk size %d, base size %d: %w", h.Size, h.FromSize, ErrCorrupt)
+	if h.Size < 0 || h.FromSize < 0 || h.Raw && !validBlockSize(h.BlockSize) {
+		return nil, fmt.Errorf("stream header: disk size %d, base size %d, block size %d: %w", h.Size, h.FromSize, h.BlockSize, ErrCorrupt)
 	}
 	return sr, nil
 }
@@ -315,18 +391,34 @@ func (sr *Reader) Next() (Record, error) {
 	}
 	le := binary.LittleEndian
 	switch typ[0] {
-	case recData, recZero:
-		var hdr [17]byte
+	case recData, recZero, recRaw:
+		if (typ[0] == recData && sr.h.Raw) || (typ[0] == recRaw && !sr.h.Raw) {
+			return Record{}, fmt.Errorf("stream record %d: type %d in a stream of version %d: %w", sr.records, typ[0], sr.h.Version, ErrCorrupt)
+		}
+		hdr := make([]byte, 17, 25)
+		if typ[0] == recRaw {
+			hdr = hdr[:25]
+		}
 		hdr[0] = typ[0]
 		if err := sr.full(hdr[1:], "records"); err != nil {
 			return Record{}, err
 		}
 		rec := Record{Off: int64(le.Uint64(hdr[1:])), Len: int64(le.Uint64(hdr[9:])), Zero: typ[0] == recZero}
-		if rec.Len <= 0 || rec.Off < sr.next || rec.Off+rec.Len < rec.Off || rec.Off+rec.Len > sr.h.Size ||
+		end := sr.h.Size // a raw stream's last block may reach past the size
+		if bs := int64(sr.h.BlockSize); sr.h.Raw {
+			end = (end + bs - 1) / bs * bs
+			if typ[0] == recRaw {
+				rec.Tweak = le.Uint64(hdr[17:])
+			}
+			if rec.Off%bs != 0 || rec.Len%bs != 0 || rec.Tweak+uint64(rec.Len/bs-1) < rec.Tweak {
+				return Record{}, fmt.Errorf("stream record %d [%d,+%d) is not whole blocks of %d, or its tweaks wrap: %w", sr.records, rec.Off, rec.Len, bs, ErrCorrupt)
+			}
+		}
+		if rec.Len <= 0 || rec.Off < sr.next || rec.Off+rec.Len < rec.Off || rec.Off+rec.Len > end ||
 			!rec.Zero && rec.Len > MaxData {
 			return Record{}, fmt.Errorf("stream record %d [%d,+%d) is out of order or out of range: %w", sr.records, rec.Off, rec.Len, ErrCorrupt)
 		}
-		sum := crc32.Checksum(hdr[:], table)
+		sum := crc32.Checksum(hdr, table)
 		if !rec.Zero {
 			if cap(sr.buf) < int(rec.Len) {
 				// Aligned for O_DIRECT, so that a receiver's write goes

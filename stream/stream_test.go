@@ -123,7 +123,7 @@ func TestStreamVersion1(t *testing.T) {
 	if !bytes.Equal(buf.Bytes(), b) {
 		t.Errorf("NewWriter version 1: %x", buf.Bytes())
 	}
-	for _, v := range []uint32{0, 3, 1 << 31} {
+	for _, v := range []uint32{0, 4, 1 << 31} {
 		c := bytes.Clone(b)
 		c[8], c[9], c[10], c[11] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
 		if _, err := NewReader(bytes.NewReader(c)); !errors.Is(err, ErrVersion) {
@@ -218,5 +218,48 @@ func TestWriterRefusesDisorder(t *testing.T) {
 	}
 	if err := w.Data(4096, []byte{1}); err == nil {
 		t.Error("a record before the previous one was written")
+	}
+}
+
+// A raw stream (version 3) carries its block size and slot table, raw
+// records with their tweaks past the size's last block, and zero records;
+// a data record in it, or a raw one in a plain stream, or one that is not
+// whole blocks, is damage.
+func TestRawStream(t *testing.T) {
+	h := Header{Size: 3*4096 + 100, Name: "enc.raw", Raw: true, BlockSize: 4096, Slots: "SLOTS", Mode: 0o600}
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte{0xc7}, 2*4096)
+	if err := w.Zero(0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RawData(2*4096, 1<<40, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Data(5*4096, data); err == nil {
+		t.Error("a plain data record in a raw stream was written")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, recs, err := readAll(buf.Bytes())
+	h.Version = RawVersion
+	if err != nil || got != h {
+		t.Fatalf("header %+v, %v; want %+v", got, err, h)
+	}
+	if len(recs) != 2 || !recs[0].Zero || recs[1].Off != 2*4096 || recs[1].Tweak != 1<<40 || !bytes.Equal(recs[1].Data, data) {
+		t.Fatalf("records %+v", recs)
+	}
+
+	var plain bytes.Buffer
+	pw, err := NewWriter(&plain, Header{Size: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pw.RawData(0, 1, data[:4096]); err == nil {
+		t.Error("a raw record in a plain stream was written")
 	}
 }
