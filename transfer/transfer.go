@@ -88,6 +88,9 @@ type SendOptions struct {
 	// Progress, when not nil, is told the data bytes sent so far and
 	// those to send.
 	Progress func(done, total int64)
+	// Raw: send an encrypted disk as it is stored (raw.go): ciphertext,
+	// tweaks and key slots, needing no key.
+	Raw bool
 }
 
 // Send writes the disk name of s to w as a stream: complete, or with
@@ -122,6 +125,12 @@ func send(w io.Writer, s *image.Store, name string, o SendOptions) (Stats, error
 	if info.Snapshot {
 		h.UUID, st.Snapshot = info.UUID, info.UUID != [16]byte{}
 	}
+	bs := int64(s.Info().BlockSize)
+	if o.Raw {
+		if err := rawHeader(&h, nd, bs); err != nil {
+			return st, err
+		}
+	}
 	var od *image.Disk
 	if o.From != "" {
 		oi, err := s.Stat(o.From)
@@ -142,7 +151,12 @@ func send(w io.Writer, s *image.Store, name string, o SendOptions) (Stats, error
 			return st, fmt.Errorf("--from: %w", err)
 		}
 		defer od.Close()
-		if h.FromDigest, err = baseDigest(od); err != nil {
+		if o.Raw {
+			h.FromDigest, err = rawBase(od, h.Slots, bs)
+		} else {
+			h.FromDigest, err = baseDigest(od)
+		}
+		if err != nil {
 			return st, fmt.Errorf("--from %q: %w", o.From, err)
 		}
 		h.From, h.FromName, h.FromSize = oi.UUID, o.From, od.Size()
@@ -162,6 +176,9 @@ func send(w io.Writer, s *image.Store, name string, o SendOptions) (Stats, error
 	sw, err := stream.NewWriter(w, h)
 	if err != nil {
 		return st, err
+	}
+	if o.Raw {
+		return st, sendRaw(sw, nd, changes, bs, &st, o.Progress)
 	}
 	// A reader goroutine reads the next chunks while this one writes:
 	// the disk's reads and the stream's writes overlap.
@@ -343,6 +360,11 @@ func receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats,
 	}
 	h := sr.Header()
 	st.Size, st.Incremental = h.Size, h.Incremental()
+	if h.Raw {
+		if err := rawAccepted(s, h, o); err != nil {
+			return st, err
+		}
+	}
 	var base *image.Disk
 	if h.Incremental() {
 		if base, err = openBase(s, h, o.Key); err != nil {
@@ -363,17 +385,19 @@ func receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats,
 	if o.GID != nil {
 		attr.GID = *o.GID
 	}
-	d, err := createFor(s, h.Size, attr, base, h.FromName, o.Key)
+	var d *image.Disk
+	if h.Raw {
+		d, err = s.CreateHiddenRaw(h.Size, attr, h.Slots, base)
+	} else {
+		d, err = createFor(s, h.Size, attr, base, h.FromName, o.Key)
+	}
 	if err != nil {
 		return st, err
 	}
 	defer d.Close() // deletes it unless published
 	if base != nil {
-		if _, err := d.CopyFrom(base, 0, 0, base.Size()); err != nil {
+		if err := startFrom(d, base, h); err != nil {
 			return st, fmt.Errorf("start from %q: %w", h.FromName, err)
-		}
-		if err := d.Truncate(h.Size); err != nil {
-			return st, err
 		}
 	}
 	for {
@@ -392,7 +416,12 @@ func receive(r io.Reader, s *image.Store, name string, o ReceiveOptions) (Stats,
 			st.ZeroBytes += rec.Len
 			continue
 		}
-		if _, err := d.WriteAt(rec.Data, rec.Off); err != nil {
+		if h.Raw {
+			err = d.WriteRaw(rec.Data, rec.Off, rec.Tweak)
+		} else {
+			_, err = d.WriteAt(rec.Data, rec.Off)
+		}
+		if err != nil {
 			return st, err
 		}
 		st.DataBytes += rec.Len
@@ -446,7 +475,7 @@ func openBase(s *image.Store, h stream.Header, key *crypt.Secret) (*image.Disk, 
 	if !ok {
 		return nil, fmt.Errorf("the stream is incremental from snapshot %q (identity %x), which this store does not hold as a snapshot: receive a complete stream of it first: %w", h.FromName, h.From, ErrNoBase)
 	}
-	if info, err := s.Stat(name); err == nil && info.Encrypted && key != nil {
+	if info, err := s.Stat(name); err == nil && info.Encrypted && key != nil && !h.Raw {
 		if _, err := s.Unlock(name, key); err != nil {
 			return nil, fmt.Errorf("base %q: %w", name, err)
 		}
@@ -465,7 +494,12 @@ func openBase(s *image.Store, h stream.Header, key *crypt.Secret) (*image.Disk, 
 	if size := base.Size(); size != h.FromSize {
 		return differs(fmt.Sprintf("%d bytes, not %d", size, h.FromSize))
 	}
-	sum, err := baseDigest(base)
+	var sum [32]byte
+	if h.Raw {
+		sum, err = rawBase(base, h.Slots, int64(h.BlockSize))
+	} else {
+		sum, err = baseDigest(base)
+	}
 	if err != nil {
 		base.Close()
 		return nil, fmt.Errorf("base %q: %w", name, err)
