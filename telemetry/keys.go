@@ -37,6 +37,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/transfer"
 )
 
 // KeyController is what a mount that serves encrypted disks does with the
@@ -373,4 +374,34 @@ func (c *rightsConn) Write(b []byte) (int, error) {
 		n += m
 	}
 	return n, err
+}
+
+// RawSender is a Controller that sends raw streams of encrypted disks
+// (transfer.SendOptions.Raw), which need no key.
+type RawSender interface {
+	SendRaw(w io.Writer, disk, from string) (transfer.Stats, error)
+}
+
+// rawSend is ctl's SendRaw, or one that says it has none.
+func rawSend(ctl Controller) func(w io.Writer, disk, from string) (transfer.Stats, error) {
+	if rs, ok := ctl.(RawSender); ok {
+		return rs.SendRaw
+	}
+	return func(io.Writer, string, string) (transfer.Stats, error) {
+		return transfer.Stats{}, fmt.Errorf("this mount sends no raw streams: %w", transfer.ErrRaw)
+	}
+}
+
+// SendRaw is Send's check for a raw stream: the peer must be able to
+// read the disk (and its base), as for any send.
+func (g guard) SendRaw(w io.Writer, disk, from string) (transfer.Stats, error) {
+	for _, name := range []string{disk, from} {
+		if name == "" {
+			continue
+		}
+		if err := g.readable(name); err != nil {
+			return transfer.Stats{}, err
+		}
+	}
+	return rawSend(g.Controller)(w, disk, from)
 }

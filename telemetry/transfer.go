@@ -57,7 +57,11 @@ func handleTransfers(mux *http.ServeMux, ctl Controller) {
 		w.Header().Set("Trailer", errorTrailer)
 		w.Header().Set("Content-Type", "application/octet-stream")
 		cw := &countingWriter{w: w}
-		_, err := ctl.Send(cw, q.Get("disk"), q.Get("from"))
+		send := ctl.Send
+		if q.Get("raw") == "1" {
+			send = rawSend(ctl)
+		}
+		_, err := send(cw, q.Get("disk"), q.Get("from"))
 		if err == nil {
 			return
 		}
@@ -252,12 +256,21 @@ func Diff(mountpoint, old, new string) (DiffReply, error) {
 // not "") to w. When the daemon stops during the send, the error says so
 // (ErrDaemonStopped), and what w got is a stream cut short.
 func Send(mountpoint, disk, from string, w io.Writer) (int64, error) {
+	return sendWith(mountpoint, url.Values{"disk": {disk}, "from": {from}}, w)
+}
+
+// SendRaw is Send of a raw stream of an encrypted disk (keys.go).
+func SendRaw(mountpoint, disk, from string, w io.Writer) (int64, error) {
+	return sendWith(mountpoint, url.Values{"disk": {disk}, "from": {from}, "raw": {"1"}}, w)
+}
+
+func sendWith(mountpoint string, q url.Values, w io.Writer) (int64, error) {
 	c, abs, sock, err := client(mountpoint, 0)
 	if err != nil {
 		return 0, err
 	}
 	var tr connTrace
-	req, err := tr.request("GET", "http://vdiskfs/send?"+url.Values{"disk": {disk}, "from": {from}}.Encode(), nil)
+	req, err := tr.request("GET", "http://vdiskfs/send?"+q.Encode(), nil)
 	if err != nil {
 		return 0, err
 	}

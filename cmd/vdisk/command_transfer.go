@@ -126,6 +126,7 @@ func kindOf(c image.Change) string {
 
 func newSendCmd(e *env) *cobra.Command {
 	var from string
+	var raw bool
 	cmd := &cobra.Command{
 		Use:   "send MOUNTPOINT/NAME | STORE NAME [--from OLD] > STREAM",
 		Short: "Write a disk as a stream, complete or incremental",
@@ -146,7 +147,13 @@ version 2 as any snapshot does, and removes it at the end), and no
 incremental stream can start from its copy. NAME is a disk file of a
 vdiskfs mount (its daemon sends it) or, with STORE, a disk of a store that
 is not mounted. A progress bar is shown on a terminal (offline). The
-stream format is in FORMAT.md ("Send stream").`,
+stream format is in FORMAT.md ("Send stream").
+
+An encrypted disk is sent as plaintext (its key must have been given to the
+mount), unless --raw: then the stream holds its ciphertext, each block's
+tweak and its key slots, needs no key, and the received disk opens with the
+sender's keys (vdisk unlock). A raw stream goes only to a store of the same
+block size; incremental raw streams work as plain ones do.`,
 		Example: `  vdisk send /mnt/vdisks/vm1-monday.raw > vm1-monday.stream
   vdisk send /srv/vdisks.img vm1-tuesday.raw --from vm1-monday.raw | ssh backup vdisk receive /srv/vdisks.img vm1-tuesday.raw`,
 		Args: rangeArgs(1, "STORE", "NAME"),
@@ -160,7 +167,11 @@ stream format is in FORMAT.md ("Send stream").`,
 				if err != nil {
 					return usageErrorf("%v; for a store that is not mounted: vdisk send STORE NAME", err)
 				}
-				n, err := telemetry.Send(mnt, disk, from, out)
+				send := telemetry.Send
+				if raw {
+					send = telemetry.SendRaw
+				}
+				n, err := send(mnt, disk, from, out)
 				if err != nil {
 					return fmt.Errorf("send %s: %w", disk, err)
 				}
@@ -174,7 +185,7 @@ stream format is in FORMAT.md ("Send stream").`,
 			defer e.closeStore(s, &err)
 			bar := e.newProgress(-1, "send") // until the changes are known
 			defer bar.done()
-			st, err := transfer.Send(out, s, args[1], transfer.SendOptions{From: from, Progress: func(done, total int64) {
+			st, err := transfer.Send(out, s, args[1], transfer.SendOptions{From: from, Raw: raw, Progress: func(done, total int64) {
 				bar.setTotal(total)
 				bar.set(done)
 			}})
@@ -195,6 +206,7 @@ stream format is in FORMAT.md ("Send stream").`,
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "send only the changes since this snapshot")
+	cmd.Flags().BoolVar(&raw, "raw", false, "an encrypted disk as stored: ciphertext, tweaks and key slots, no key needed")
 	return cmd
 }
 

@@ -429,3 +429,8 @@ func anyEncrypted(disks []image.DiskInfo) bool {
 	}
 	return false
 }
+
+// SendRaw is `vdisk send --raw` given a mounted disk.
+func (m mountSource) SendRaw(w io.Writer, disk, from string) (transfer.Stats, error) {
+	return m.srv.SendRaw(w, disk, from)
+}

@@ -238,4 +238,26 @@ func TestEncryptedSendReceive(t *testing.T) {
 	mnt, exit = mountInProcess(t, dst, mnt)
 	wantFail(t, exitWrongKey, []string{"wrong key"}, "unlock", filepath.Join(mnt, "r.3"), "--key-file", k2)
 	unmountAndWait(t, mnt, exit)
+
+	// Raw streams need no key: the full one from the store, the
+	// incremental one through a mount that has no key; the received disks
+	// open with the sender's key.
+	rawFull := mustRun(t, "send", "--raw", src, "a.1").stdout
+	smnt, sexit := mountInProcess(t, src, filepath.Join(t.TempDir(), "smnt"))
+	rawIncr := mustRun(t, "send", "--raw", filepath.Join(smnt, "a.2"), "--from", "a.1").stdout
+	unmountAndWait(t, smnt, sexit)
+	if strings.Contains(rawFull, string(p1[4096:4160])) || strings.Contains(rawIncr, string(p2[4096:4160])) {
+		t.Fatal("a raw stream holds plaintext")
+	}
+	os.WriteFile(fullPath, []byte(rawFull), 0o600)
+	os.WriteFile(incrPath, []byte(rawIncr), 0o600)
+	third := newStore(t)
+	mustRun(t, "receive", third, "x.1", fullPath)
+	mustRun(t, "receive", third, "x.2", incrPath)
+	mnt, exit = mountInProcess(t, third, mnt)
+	wantFail(t, exitWrongKey, []string{"wrong key"}, "unlock", filepath.Join(mnt, "x.2"), "--key-file", k2)
+	mustRun(t, "unlock", filepath.Join(mnt, "x.2"), "--key-file", filepath.Join(keys, "a.raw.key"))
+	checkDisk(t, filepath.Join(mnt, "x.1"), p1)
+	checkDisk(t, filepath.Join(mnt, "x.2"), p2)
+	unmountAndWait(t, mnt, exit)
 }
