@@ -282,8 +282,8 @@ func (h *Disk) Truncate(size int64) error {
 
 // zeroStaleTails zeroes, on the backing, the bytes past the end of every
 // disk whose last block is mapped and only partly inside its size, where
-// they are not zeros already. An encrypted disk's are left alone: its key
-// may not be given, and zeros written there would not decrypt as zeros. Those bytes must read as zeros once the disk
+// they are not zeros already. An encrypted disk's wait for its key: Unlock
+// does them (zeroEncryptedTails). Those bytes must read as zeros once the disk
 // grows again (Truncate zeroes them when it shrinks a disk), and in memory
 // nothing puts anything else there; but a write that grew the disk from
 // inside that block went in place, so after a crash that lost the record

@@ -305,7 +305,80 @@ func (s *Store) Unlock(name string, secret *crypt.Secret) (int, error) {
 	}
 	n := s.shareCipher(d.enc.check, c)
 	s.log.WithField("disk", name).WithField("disks", n).Info("encrypted disks unlocked")
+	s.zeroEncryptedTails(d.enc.check, c)
 	return n, nil
+}
+
+// zeroEncryptedTails is zeroStaleTails (which Open cannot do without the
+// key) for the disks with key check value check, once their key c is
+// given. Failures are logged: the disks are unlocked all the same.
+func (s *Store) zeroEncryptedTails(check [16]byte, c *crypt.Cipher) {
+	if s.writable() != nil {
+		return
+	}
+	s.mu.Lock()
+	var ds []*disk
+	for _, d := range s.mu.disks {
+		if d.enc != nil && d.enc.check == check {
+			ds = append(ds, d)
+		}
+	}
+	s.mu.Unlock()
+	for _, d := range ds {
+		if err := d.zeroEncryptedTail(c); err != nil {
+			s.log.WithError(err).WithField("disk_id", d.id).Warn("zeroing bytes past the end of an encrypted disk")
+		}
+	}
+}
+
+// zeroEncryptedTail zeroes, in place, the bytes past the end of d in its
+// last block, decrypted with c, where a crash left anything else there
+// (see zeroStaleTails): the block is read, decrypted, checked and, when
+// its tail is not zeros and it is not shared, zeroed, encrypted under its
+// tweak and written back, under an exclusive range lock of the block.
+func (d *disk) zeroEncryptedTail(c *crypt.Cipher) error {
+	s, bs := d.s, d.s.bs
+	d.mu.RLock()
+	v := uint64(d.attr.Size) / bs
+	d.mu.RUnlock()
+	lr := d.ranges.lock(v, 1, true)
+	defer lr.unlock()
+	d.mu.RLock()
+	size := uint64(d.attr.Size)
+	sg := d.m.Lookup(nil, v, 1)[0]
+	gone := d.deleted
+	d.mu.RUnlock()
+	if gone || size%bs == 0 || size/bs != v || sg.Hole {
+		return nil
+	}
+	s.mu.Lock()
+	shared := s.mu.shared.Shared(sg.Phys, 1)
+	s.mu.Unlock()
+	buf := s.pool.Get(int(bs))
+	defer s.pool.Put(buf)
+	sc := getScratch()
+	defer putScratch(sc)
+	sh := s.stats.shard(sc)
+	if err := s.readData(sh, buf, sg.Phys); err != nil {
+		return err
+	}
+	c.DecryptBlocks(buf, buf, sg.Tweak)
+	tail := buf[size%bs:]
+	if allZero(tail) {
+		return nil
+	}
+	if shared { // as zeroStaleTails: never written under another disk
+		s.log.WithField("disk_id", d.id).Warn("bytes past the end of an encrypted disk are not zeros, in a shared block: left as they are")
+		return nil
+	}
+	clear(tail)
+	c.EncryptBlocks(buf, buf, sg.Tweak)
+	if err := s.writeData(sh, buf, sg.Phys, false); err != nil {
+		return err
+	}
+	s.writeGen.Add(1)
+	s.log.WithField("disk_id", d.id).Info("zeroed bytes past the end of an encrypted disk, left by a growing write that a crash lost")
+	return nil
 }
 
 // KeySlot describes one key slot of an encrypted disk (no key material).

@@ -411,3 +411,37 @@ func TestRawCopyWithoutKey(t *testing.T) {
 	checkReads(t, s, "b.raw", want)
 	checkReads(t, s, "a.raw", want)
 }
+
+// Bytes a crash left past the end of an encrypted disk (a growing write
+// whose size record was lost) are zeroed when its key is given, as Open
+// zeroes a plain disk's, so that they never show when the disk grows.
+func TestUnlockZeroesStaleTail(t *testing.T) {
+	ms := newMemStore(t, 16<<20, FormatOptions{BlockSize: 4096})
+	s := ms.s
+	h := mustCreateEncrypted(t, s, "a.raw", 0, 1)
+	defer h.Close()
+	if _, err := h.WriteAt(textPattern("TAIL", 12288), 0); err != nil {
+		t.Fatal(err)
+	}
+	// What the crash leaves: the size of before the write, and no key.
+	h.d.mu.Lock()
+	h.d.attr.Size = 10000
+	h.d.mu.Unlock()
+	h.d.enc.cipher.Store(nil)
+	s.mu.Lock()
+	s.mu.ciphers = nil
+	s.mu.Unlock()
+	if _, err := s.Unlock("a.raw", testSecret(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Truncate(12288); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 2288)
+	if _, err := h.ReadAt(got, 10000); err != nil {
+		t.Fatal(err)
+	}
+	if !allZero(got) {
+		t.Error("bytes past the old end show after the disk grew")
+	}
+}
