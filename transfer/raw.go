@@ -77,17 +77,7 @@ func rawDigest(d *image.Disk, bs int64) ([32]byte, error) {
 	size := d.Size()
 	end := (size + bs - 1) / bs * bs
 	piece := (int64(digestPiece) + bs - 1) / bs * bs
-	type span struct{ off, n int64 }
-	var spans []span
-	if end <= digestPieces*piece {
-		spans = []span{{0, end}}
-	} else {
-		last := end - piece
-		for i := range int64(digestPieces - 1) {
-			spans = append(spans, span{off: (last * i / (digestPieces - 1)) / bs * bs, n: piece})
-		}
-		spans = append(spans, span{off: last, n: piece})
-	}
+	spans := digestSpans(end, piece, bs)
 	hash := sha256.New()
 	le := binary.LittleEndian
 	hash.Write(le.AppendUint64(nil, uint64(size)))

@@ -226,20 +226,29 @@ const (
 	digestPiece  = 16 << 10
 )
 
+// digestSpan is one piece a base digest reads.
+type digestSpan struct{ off, n int64 }
+
+// digestSpans are the pieces a base digest reads of total bytes: all of
+// them when they are at most digestPieces pieces of piece bytes, else
+// digestPieces pieces of piece bytes spread evenly, the offsets rounded
+// down to a multiple of align, the last ending at the end.
+func digestSpans(total, piece, align int64) []digestSpan {
+	if total <= digestPieces*piece {
+		return []digestSpan{{0, total}}
+	}
+	var out []digestSpan
+	last := total - piece
+	for i := range int64(digestPieces - 1) {
+		out = append(out, digestSpan{off: (last * i / (digestPieces - 1)) / align * align, n: piece})
+	}
+	return append(out, digestSpan{off: last, n: piece})
+}
+
 // baseDigest computes the base digest of d.
 func baseDigest(d *image.Disk) ([32]byte, error) {
 	size := d.Size()
-	type piece struct{ off, n int64 }
-	var pieces []piece
-	if size <= digestPieces*digestPiece {
-		pieces = []piece{{0, size}}
-	} else {
-		last := size - digestPiece
-		for i := range int64(digestPieces - 1) {
-			pieces = append(pieces, piece{off: (last * i / (digestPieces - 1)) &^ 4095, n: digestPiece})
-		}
-		pieces = append(pieces, piece{off: last, n: digestPiece})
-	}
+	pieces := digestSpans(size, digestPiece, 4096)
 	hash := sha256.New()
 	hash.Write(binary.LittleEndian.AppendUint64(nil, uint64(size)))
 	buf := directio.AlignedBlock(digestPieces * digestPiece)
