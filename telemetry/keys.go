@@ -9,7 +9,8 @@ package telemetry
 // owner it must have. So the key is not in the client's or the daemon's
 // socket buffers, not in a request a proxy or a log could keep, and the
 // daemon reads only a file the peer could open. A connection keeps at most
-// maxRights descriptors; any it holds when it closes are closed.
+// maxRights descriptors, passed with its first byte; any it holds when it
+// closes are closed.
 //
 //	POST /unlock?disk=NAME                         one key file: Store.Unlock
 //	POST /create-encrypted?name=N&size=S&mode=M    one key file: a new encrypted disk, the peer's
@@ -31,6 +32,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -53,23 +55,28 @@ type KeyController interface {
 // maxRights bounds the descriptors a connection holds for its requests.
 const maxRights = 4
 
-// rights are the descriptors a connection's peer passed (SCM_RIGHTS) and
-// no request took yet. mu guards fds; oob is the one reader's buffer.
+// rights are the descriptors a connection's peer passed (SCM_RIGHTS) with
+// its first byte, which no request took yet. mu guards fds.
 type rights struct {
-	mu  sync.Mutex
-	fds []int
-	oob []byte
+	mu     sync.Mutex
+	fds    []int
+	looked atomic.Bool // the first byte was read (readMsg)
 }
 
-// readMsg reads from c like Read, keeping the descriptors that come with
-// the bytes (closing those past maxRights).
+// readMsg reads from c like Read. Its first call reads the connection's
+// first byte alone with recvmsg, keeping the descriptors that come with it
+// (closing those past maxRights: a client passes them with its first
+// write); every later call is a plain read, which the race detector sees
+// (it does not see recvmsg), and which costs nothing more on a stream.
 func (rt *rights) readMsg(c *net.UnixConn, b []byte) (int, error) {
-	if rt.oob == nil {
-		rt.oob = make([]byte, unix.CmsgSpace(maxRights*4))
+	if rt.looked.Load() || len(b) == 0 {
+		return c.Read(b)
 	}
-	n, oobn, _, _, err := c.ReadMsgUnix(b, rt.oob)
+	rt.looked.Store(true)
+	oob := make([]byte, unix.CmsgSpace(maxRights*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(b[:1], oob)
 	if oobn > 0 {
-		rt.keep(rt.oob[:oobn])
+		rt.keep(oob[:oobn])
 	}
 	// As Read says it: no negative count on an error, and the end of the
 	// stream is io.EOF.
