@@ -94,6 +94,7 @@ type session struct {
 	replies chan proto.Message
 	dead    chan struct{} // closed when the reader stops
 	err     error         // why, set before dead is closed
+	quit    chan struct{} // closed by close: the reader drops what it reads
 	backend *net.UnixConn // our end of the backend request channel, or nil
 	wg      sync.WaitGroup
 }
@@ -148,7 +149,7 @@ func (d *Device) connect() (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vhost-user %s: %w", d.opts.Socket, err)
 	}
-	s := &session{c: c, replies: make(chan proto.Message, 1), dead: make(chan struct{})}
+	s := &session{c: c, replies: make(chan proto.Message, 1), dead: make(chan struct{}), quit: make(chan struct{})}
 	s.wg.Add(1)
 	go s.read()
 	return s, nil
@@ -168,11 +169,22 @@ func (s *session) read() {
 			close(s.dead)
 			return
 		}
-		s.replies <- m
+		select {
+		case s.replies <- m:
+		case <-s.quit:
+			for _, fd := range m.FDs {
+				unix.Close(fd)
+			}
+		}
 	}
 }
 
 func (s *session) close() {
+	select {
+	case <-s.quit: // closed already (a failed Reconnect, then Close)
+	default:
+		close(s.quit)
+	}
 	s.c.Close()
 	if s.backend != nil {
 		s.backend.Close()
