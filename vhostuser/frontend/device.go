@@ -19,7 +19,7 @@ type Options struct {
 	Socket      string // the backend's Unix socket
 	MemSize     int64  // guest memory bytes (default 64 MiB)
 	Queues      int    // queues to set up (0: as many as the device offers)
-	QueueSize   int    // descriptors per queue, a power of two (default 256)
+	QueueSize   int    // descriptors per queue, a power of two from 4 (default 256)
 	MaxSegments int    // data segments per request with indirect descriptors (default 32)
 	// Turn off features the frontend otherwise negotiates when offered.
 	NoIndirect, NoEventIdx, NoInflight, NoBackendReq bool
@@ -118,8 +118,10 @@ func Dial(opts Options) (*Device, error) {
 	if opts.ReplyTimeout == 0 {
 		opts.ReplyTimeout = 30 * time.Second
 	}
-	if !proto.ValidQueueSize(opts.QueueSize) {
-		return nil, fmt.Errorf("queue size %d: want a power of two up to %d", opts.QueueSize, proto.MaxQueueSize)
+	// From 4 up, the event fields of both rings sit 4-aligned, where the
+	// queue reads and writes them as 32-bit words.
+	if !proto.ValidQueueSize(opts.QueueSize) || opts.QueueSize < 4 {
+		return nil, fmt.Errorf("queue size %d: want a power of two from 4 to %d", opts.QueueSize, proto.MaxQueueSize)
 	}
 	mem, err := newMemory(opts.MemSize)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -57,6 +58,9 @@ func Run(ctx context.Context, e Engine, s Shape, size int64) (Result, error) {
 	if blocks < 1 {
 		return Result{}, fmt.Errorf("target of %d bytes is smaller than bs=%d", size, s.BS)
 	}
+	// One thread submits and reaps, as fio's job does.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	q, err := e.Open(s.Depth, s.BS)
 	if err != nil {
 		return Result{}, err
