@@ -30,7 +30,11 @@ func TestParseShapeDefaultJobs(t *testing.T) {
 		"thin-write-1m-qd16": {Write: true, BS: 1 << 20, Depth: 16, Runtime: 15 * time.Second, Seed: 1234},
 		"rand-fill-4k-qd32":  {Write: true, Random: true, BS: 4096, Depth: 32, Seed: 1234},
 	}
-	for _, j := range jobs {
+	vhostJobs, err := fio.ParseJobFile("../jobs/vhost.fio")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range append(jobs, vhostJobs...) {
 		s, err := ParseShape(fio.Expand(j.Text, vars))
 		if err != nil {
 			t.Errorf("%s: %v", j.Name, err)
