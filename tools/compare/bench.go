@@ -76,12 +76,16 @@ func rate(c *ioCount, sec float64) float64 {
 // included). Exact from the request counters; for a target without them
 // (qemu-storage-daemon), fio's bytes scaled from its measured runtime to
 // the whole window (the device's bytes would include other processes').
-func serverBytes(r *runResult) float64 {
+func serverBytes(r *runResult) float64 { return serverShare(r, ioCount.bytes, r.FioBytes) }
+
+// serverShare is a count (exact: bytes or requests) of what the server
+// served over its CPU's window, or fio's figure fromFio scaled to it.
+func serverShare(r *runResult, exact func(ioCount) uint64, fromFio uint64) float64 {
 	if r.Req != nil {
-		return float64(r.Req.bytes())
+		return float64(exact(*r.Req))
 	}
 	if r.FioRuntime > 0 && r.WallSec > 0 {
-		return float64(r.FioBytes) * max(1, r.WallSec/r.FioRuntime)
+		return float64(fromFio) * max(1, r.WallSec/r.FioRuntime)
 	}
 	return 0
 }
@@ -89,15 +93,7 @@ func serverBytes(r *runResult) float64 {
 // serverIOs is the denominator of the server's CPU per I/O, as
 // serverBytes is of its CPU per GB: the requests it served over the
 // whole window.
-func serverIOs(r *runResult) float64 {
-	if r.Req != nil {
-		return float64(r.Req.ios())
-	}
-	if r.FioRuntime > 0 && r.WallSec > 0 {
-		return float64(r.FioIOs) * max(1, r.WallSec/r.FioRuntime)
-	}
-	return 0
-}
+func serverIOs(r *runResult) float64 { return serverShare(r, ioCount.ios, r.FioIOs) }
 
 var metrics = []metricDef{
 	{Key: "mb_per_s", Head: "MB/s", Unit: "MB/s", Digits: 0, get: func(r *runResult) float64 { return r.MBps }},

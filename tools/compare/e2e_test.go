@@ -30,6 +30,30 @@ func needMounts(t *testing.T) {
 	}
 }
 
+// runReport runs the tool with args and --json js, fails the test unless
+// it exits 0, and returns the report it wrote.
+func runReport(t *testing.T, js string, args ...string) *report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, append(args, "--json", js), &stdout, &stderr)
+	t.Logf("stderr:\n%s\ntable:\n%s", stderr.String(), stdout.String())
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	f, err := os.Open(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := readReport(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 // TestEndToEnd mounts both targets for real (vdiskfs in process, the
 // pass-through of a plain file) and runs two short workloads: every format
 // comes out, the counters add up, and nothing is left mounted.
@@ -38,29 +62,10 @@ func TestEndToEnd(t *testing.T) {
 	scratch := t.TempDir()
 	out := t.TempDir()
 	js, md, png := filepath.Join(out, "r.json"), filepath.Join(out, "r.md"), filepath.Join(out, "r.png")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	code := run(ctx, []string{
+	rep := runReport(t, js,
 		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "2s", "--ramp", "0s", "--settle", "0s",
 		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32",
-		"--json", js, "--markdown", md, "--chart", png,
-	}, &stdout, &stderr)
-	t.Logf("stderr:\n%s", stderr.String())
-	if code != exitOK {
-		t.Fatalf("exit %d", code)
-	}
-	t.Logf("table:\n%s", stdout.String())
-
-	f, err := os.Open(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := readReport(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+		"--markdown", md, "--chart", png)
 	if len(rep.Runs) != 4 {
 		t.Fatalf("%d runs, want 2 workloads × 2 targets", len(rep.Runs))
 	}
@@ -223,27 +228,10 @@ func TestGeneratorTargets(t *testing.T) {
 	}
 	scratch, out := t.TempDir(), t.TempDir()
 	js := filepath.Join(out, "r.json")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	code := run(ctx, []string{
+	rep := runReport(t, js,
 		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "1s", "--ramp", "0s", "--settle", "0s",
 		"--targets", "raw,raw-uring,qsd-vhost", "--baseline", "raw",
-		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32", "--json", js,
-	}, &stdout, &stderr)
-	t.Logf("stderr:\n%s\ntable:\n%s", stderr.String(), stdout.String())
-	if code != exitOK {
-		t.Fatalf("exit %d", code)
-	}
-	f, err := os.Open(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := readReport(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32")
 	if len(rep.Runs) != 6 {
 		t.Fatalf("%d runs, want 2 workloads × 3 targets", len(rep.Runs))
 	}

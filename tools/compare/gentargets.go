@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/vdiskfs/vdiskfs/tools/compare/loadgen"
@@ -88,9 +87,7 @@ type qsdVhostTarget struct {
 	*vhostDevice
 	raw    rawTarget
 	socket string
-	cmd    *exec.Cmd
-	done   chan struct{}
-	stderr *strings.Builder
+	proc   *daemon
 }
 
 func newQSDVhost(ctx context.Context, dir string, size int64) (*qsdVhostTarget, error) {
@@ -102,18 +99,13 @@ func newQSDVhost(ctx context.Context, dir string, size int64) (*qsdVhostTarget, 
 	if err != nil {
 		return nil, err
 	}
-	t := &qsdVhostTarget{raw: *raw, socket: filepath.Join(dir, "qsd-"+vhostSocketName), stderr: &strings.Builder{}}
-	t.cmd = exec.Command(bin,
+	t := &qsdVhostTarget{raw: *raw, socket: filepath.Join(dir, "qsd-"+vhostSocketName)}
+	if t.proc, err = startDaemon(bin,
 		"--blockdev", "driver=file,node-name=file0,filename="+raw.path+",cache.direct=on,aio=io_uring",
-		"--export", "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path="+t.socket+",writable=on,num-queues=1")
-	t.cmd.Stdout, t.cmd.Stderr = t.stderr, t.stderr
-	t.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := t.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("qemu-storage-daemon: %w", err)
+		"--export", "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path="+t.socket+",writable=on,num-queues=1"); err != nil {
+		return nil, err
 	}
-	t.done = make(chan struct{})
-	go func() { _ = t.cmd.Wait(); close(t.done) }()
-	if err := waitSocket(ctx, t.socket, t.done, t.stderr); err != nil {
+	if err := waitSocket(ctx, t.socket, t.proc); err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -125,21 +117,21 @@ func newQSDVhost(ctx context.Context, dir string, size int64) (*qsdVhostTarget, 
 }
 
 // waitSocket waits for a daemon's socket to appear.
-func waitSocket(ctx context.Context, socket string, done <-chan struct{}, stderr fmt.Stringer) error {
+func waitSocket(ctx context.Context, socket string, d *daemon) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if _, err := os.Stat(socket); err == nil {
 			return nil
 		}
 		select {
-		case <-done:
-			return fmt.Errorf("the daemon exited: %s", strings.TrimSpace(stderr.String()))
+		case <-d.done:
+			return fmt.Errorf("the daemon exited: %s", strings.TrimSpace(d.output.String()))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no socket %s after 15s: %s", socket, strings.TrimSpace(stderr.String()))
+			return fmt.Errorf("no socket %s after 15s: %s", socket, strings.TrimSpace(d.output.String()))
 		}
 	}
 }
@@ -148,24 +140,12 @@ func (t *qsdVhostTarget) Name() string                    { return targetQSDVhos
 func (t *qsdVhostTarget) File() string                    { return t.raw.path }
 func (t *qsdVhostTarget) Reset(ctx context.Context) error { return t.raw.Reset(ctx) }
 
-func (t *qsdVhostTarget) Sample() sample {
-	cpu, err := procCPU(t.cmd.Process.Pid)
-	if err != nil {
-		return sample{}
-	}
-	return sample{CPU: cpu, HasCPU: true}
-}
+func (t *qsdVhostTarget) Sample() sample { return t.proc.sample() }
 
 func (t *qsdVhostTarget) Close() error {
 	err := t.vhostDevice.close()
-	if t.cmd != nil && t.cmd.Process != nil {
-		_ = t.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-t.done:
-		case <-time.After(20 * time.Second):
-			_ = t.cmd.Process.Kill()
-			<-t.done
-		}
+	if t.proc != nil {
+		t.proc.stop()
 	}
 	return errors.Join(err, ignoreNotExist(os.Remove(t.socket)))
 }
