@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
@@ -202,18 +203,18 @@ func (s *Store) checkProgressLockedCommit(progress func(done, total int)) *Repor
 	var union []pext
 	var cur ref
 	for i, r := range refs {
-		if i > 0 && r.Start < cur.end() {
-			lo, hi := r.Start, min(r.end(), cur.end())
+		if i > 0 && r.Start < cur.End() {
+			lo, hi := r.Start, min(r.End(), cur.End())
 			if !r.counted() || !cur.counted() || !allShared(shared, lo, hi) {
 				rep.add(Finding{Severity: Fatal, Code: CodeSharedBlock, Disk: diskName(r.disk),
 					Message: fmt.Sprintf("physical blocks [%d,%d) are used by both %s and %s", lo, hi, cur.owner(s.bs), r.owner(s.bs))}, counts)
 			}
 		}
-		if i == 0 || r.end() > cur.end() {
+		if i == 0 || r.End() > cur.End() {
 			cur = r
 		}
-		if n := len(union); n > 0 && r.Start <= union[n-1].end() {
-			union[n-1].Len = max(union[n-1].end(), r.end()) - union[n-1].Start
+		if n := len(union); n > 0 && r.Start <= union[n-1].End() {
+			union[n-1].Len = max(union[n-1].End(), r.End()) - union[n-1].Start
 		} else {
 			union = append(union, r.pext)
 		}
@@ -228,11 +229,11 @@ func (s *Store) checkProgressLockedCommit(progress func(done, total int)) *Repor
 	j := 0
 	for _, f := range free {
 		freeBlocks += f.Len
-		for j < len(union) && union[j].end() <= f.Start {
+		for j < len(union) && union[j].End() <= f.Start {
 			j++
 		}
-		for k := j; k < len(union) && union[k].Start < f.end(); k++ {
-			lo, hi := max(f.Start, union[k].Start), min(f.end(), union[k].end())
+		for k := j; k < len(union) && union[k].Start < f.End(); k++ {
+			lo, hi := max(f.Start, union[k].Start), min(f.End(), union[k].End())
 			usedFree += hi - lo
 			if firstUsedFree == nil {
 				firstUsedFree = &pext{Start: lo, Len: hi - lo}
@@ -315,7 +316,7 @@ func (s *Store) collectRefsLockedCut(rep *Report, counts map[string]int, progres
 	// cut), so the free map, writes in flight and the quarantine are read
 	// in one critical section.
 	s.mu.Lock()
-	free := s.mu.alloc.extents()
+	free := s.mu.alloc.Extents()
 	totalExtents := s.mu.extents
 	ds := make([]*disk, 0, len(s.mu.disks))
 	for _, d := range s.mu.disks {
@@ -403,7 +404,7 @@ func diskName(d *disk) string {
 func describeLeaks(used, free []pext, total uint64) string {
 	all := append(append([]pext{}, used...), free...)
 	sort.Slice(all, func(i, j int) bool { return all[i].Start < all[j].Start })
-	leaks := complement(all, total)
+	leaks := placement.Complement(all, total)
 	var b strings.Builder
 	for i, l := range leaks {
 		if i == 5 {

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
@@ -149,21 +150,21 @@ func (s *Store) writeCheckpointStream(c *checkpoint) ([]pext, []byte, error) {
 	dataBlocks := s.sb.DataBlocks
 	// Allocating the checkpoint can split at most one free extent per
 	// checkpoint extent, so this bound holds for the final free map.
-	est := ckptSize(c.Version, len(c.Disks), nameBytes, extents, len(complement(used, dataBlocks))+maxCkptExtents+1, len(c.Shared))
+	est := ckptSize(c.Version, len(c.Disks), nameBytes, extents, len(placement.Complement(used, dataBlocks))+maxCkptExtents+1, len(c.Shared))
 	nblocks := (uint64(est) + s.bs - 1) / s.bs
 	s.mu.Lock()
-	exts, err := s.mu.alloc.allocHigh(nblocks, maxCkptExtents)
+	exts, err := s.mu.alloc.AllocHigh(nblocks, maxCkptExtents)
 	if err != nil && s.mu.reserved > 0 {
 		s.releaseUnitsLockedMu(nil, 0) // placement gives way to space
-		exts, err = s.mu.alloc.allocHigh(nblocks, maxCkptExtents)
+		exts, err = s.mu.alloc.AllocHigh(nblocks, maxCkptExtents)
 	}
 	s.mu.Unlock()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, placementErr(err)
 	}
 	used = append(used, exts...)
 	sort.Slice(used, func(i, j int) bool { return used[i].Start < used[j].Start })
-	c.Free = complement(used, dataBlocks)
+	c.Free = placement.Complement(used, dataBlocks)
 	stream := c.encode(make([]byte, 0, est))
 	if uint64(len(stream)) > nblocks*s.bs {
 		panic(fmt.Sprintf("image: checkpoint of %d bytes exceeds its estimate %d", len(stream), est))
@@ -247,7 +248,7 @@ func (s *Store) loadCheckpoint() error {
 		s.mu.nextID = max(s.mu.nextID, cd.ID+1)
 	}
 	for _, f := range c.Free {
-		if err := s.mu.alloc.free(f); err != nil {
+		if err := s.mu.alloc.Free(f); err != nil {
 			s.openFindings = append(s.openFindings, Finding{Severity: Fatal, Code: CodeFreeMap,
 				Message: fmt.Sprintf("checkpoint free map entry [%d,+%d): %v", f.Start, f.Len, err)})
 		}

@@ -69,8 +69,8 @@ type DefragResult struct {
 //     the disk meanwhile sees the copy ordered with its own requests as a
 //     write would be. On an error the chunks committed so far stay moved.
 //   - The data goes to the smallest free run outside the other disks'
-//     layouts that holds all of it (allocator.region); when there is none,
-//     to the largest free runs, and FreeRuns says how many.
+//     layouts that holds all of it (placement.Allocator.Region); when
+//     there is none, to the largest free runs, and FreeRuns says how many.
 //   - The disk's blocks end up adjacent on the backing: holes take no
 //     space between them (a write into a hole later goes wherever the
 //     allocator finds room).
@@ -113,7 +113,7 @@ func (d *disk) defrag(name string, chunk uint64, progress func(done, total uint6
 	}
 	claimed := s.claimedLayouts(d)()
 	s.mu.Lock()
-	region := s.mu.alloc.region(mapped, claimed)
+	region := s.mu.alloc.Region(mapped, claimed)
 	s.mu.Unlock()
 	if blocksOf(region) < mapped || len(region) >= runs {
 		res.Skipped = DefragNoRoom
@@ -213,7 +213,7 @@ func (t *defragTarget) alloc(s *Store, n uint64) ([]pext, error) {
 			if t.runs == 0 || e.Start != t.end {
 				t.runs++
 			}
-			t.end = e.end()
+			t.end = e.End()
 		}
 		if len(t.region) > 0 {
 			t.region[0].Start += want
@@ -262,7 +262,7 @@ func (d *disk) defragChunk(first, count uint64, t *defragTarget, copied func(blo
 	if err != nil {
 		return 0, err
 	}
-	if err := s.copyBlocks(data, dst, copied); err != nil {
+	if err := d.copyBlocksLockedRange(data, dst, copied); err != nil {
 		s.unallocate(dst)
 		return 0, err
 	}
@@ -270,24 +270,21 @@ func (d *disk) defragChunk(first, count uint64, t *defragTarget, copied func(blo
 	return n, nil
 }
 
-// copyBlocks copies the blocks of the data segments src, laid end to end
-// in virtual order, to the blocks of dst, as many, in order. It goes
-// through one pooled buffer of maxRunBytes: each backend read is the part
-// of one physically contiguous source run in the buffer (readParts issues
-// them concurrently), each write the part of one destination extent, so
-// both are as large as the layouts allow, and aligned like every data I/O. copied is told the blocks
-// written after each buffer. The writes count for the next commit's flush.
-func (s *Store) copyBlocks(src []blockmap.Segment, dst []pext, copied func(blocks uint64)) error {
-	bs := s.bs
-	// Segments on either side of a hole may follow each other on the
-	// backing: laid end to end, they are one run, read in one I/O.
-	var from []pext
-	for _, sg := range src {
-		if n := len(from); n > 0 && from[n-1].end() == sg.Phys {
-			from[n-1].Len += sg.Len
-		} else {
-			from = append(from, pext{Start: sg.Phys, Len: sg.Len})
-		}
+// copyBlocksLockedRange copies the blocks of d's data segments src, laid
+// end to end in virtual order, to the blocks of dst, as many, in order. It
+// goes through one pooled buffer of maxRunBytes: each read is a read plan
+// of the store's own over one segment's part in the buffer (issued
+// concurrently: readPartsLockedRange), so one backend read per physically
+// contiguous run; each write is the part of one destination extent, so
+// both are as large as the layouts allow, and aligned like every data I/O.
+// copied is told the blocks written after each buffer. The writes count
+// for the next commit's flush. Caller holds an exclusive range lock over
+// src.
+func (d *disk) copyBlocksLockedRange(src []blockmap.Segment, dst []pext, copied func(blocks uint64)) error {
+	s, bs := d.s, d.s.bs
+	virt := make([]pext, len(src)) // the segments' virtual blocks, as runs
+	for i, sg := range src {
+		virt[i] = pext{Start: sg.Virt, Len: sg.Len}
 	}
 	buf := s.pool.Get(maxRunBytes)
 	defer s.pool.Put(buf)
@@ -300,11 +297,11 @@ func (s *Store) copyBlocks(src []blockmap.Segment, dst []pext, copied func(block
 	for at := uint64(0); at < total; at += window {
 		n := min(window, total-at)
 		reads = reads[:0]
-		_ = forParts(from, at, n, func(off, phys, count uint64) error {
-			reads = append(reads, bufPart{buf: buf[off*bs : (off+count)*bs], phys: phys})
+		_ = forParts(virt, at, n, func(off, v, count uint64) error {
+			reads = append(reads, bufPart{buf: buf[off*bs : (off+count)*bs], virt: v})
 			return nil
 		})
-		if err := s.readParts(c, reads); err != nil {
+		if err := d.readPartsLockedRange(reads); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
 		err := forParts(dst, at, n, func(off, phys, count uint64) error {
@@ -319,21 +316,24 @@ func (s *Store) copyBlocks(src []blockmap.Segment, dst []pext, copied func(block
 	return nil
 }
 
-// defragReaders is how many reads of one buffer copyBlocks has in flight
-// at once: a fragmented disk's blocks are many small runs, each a read of
-// its own, and one at a time they would take a device round trip each.
+// defragReaders is how many reads of one buffer copyBlocksLockedRange has
+// in flight at once: a fragmented disk's blocks are many small runs, each
+// a read of its own, and one at a time they would take a device round trip
+// each.
 const defragReaders = 16
 
-// bufPart is one read of copyBlocks: len(buf) bytes from physical block
-// phys.
+// bufPart is one read of copyBlocksLockedRange: len(buf) bytes of the disk
+// from virtual block virt.
 type bufPart struct {
 	buf  []byte
-	phys uint64
+	virt uint64
 }
 
-// readParts performs the reads parts, defragReaders at a time, through
-// readData, and returns their errors once all have completed.
-func (s *Store) readParts(c *Shard, parts []bufPart) error {
+// readPartsLockedRange performs the reads parts, defragReaders at a time,
+// each through a read plan of the store's own (readLockedRange), and
+// returns their errors once all have completed. Caller holds a range lock
+// over them.
+func (d *disk) readPartsLockedRange(parts []bufPart) error {
 	workers := min(defragReaders, len(parts))
 	errs := make([]error, workers)
 	var next atomic.Int64 // the index of the next part to read
@@ -347,7 +347,7 @@ func (s *Store) readParts(c *Shard, parts []bufPart) error {
 				if i >= len(parts) {
 					return
 				}
-				errs[w] = s.readData(c, parts[i].buf, parts[i].phys)
+				errs[w] = d.readLockedRange(parts[i].buf, int64(parts[i].virt*d.s.bs))
 			}
 		}()
 	}
@@ -357,7 +357,7 @@ func (s *Store) readParts(c *Shard, parts []bufPart) error {
 
 // forParts calls fn for each part of blocks [at, at+n) of the stream that
 // exts make when laid end to end: off is the part's distance in blocks
-// from at, phys its first block on the backing.
+// from at, phys the block of exts where it starts.
 func forParts(exts []pext, at, n uint64, fn func(off, phys, count uint64) error) error {
 	var pos uint64 // where exts[i] starts in the stream
 	for _, e := range exts {

@@ -315,30 +315,3 @@ func TestDefragPowerCut(t *testing.T) {
 	}
 	t.Logf("%d power-cut states checked", states)
 }
-
-// TestAllocatorRegion: the region for n blocks is the smallest free run
-// outside other disks' layouts that holds them all, else the largest runs.
-func TestAllocatorRegion(t *testing.T) {
-	a := newAllocator(1000)
-	for _, f := range []pext{{0, 10}, {100, 50}, {200, 30}, {300, 400}} {
-		if err := a.free(f); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, tc := range []struct {
-		n       uint64
-		claimed []pext
-		want    []pext
-	}{
-		{20, nil, []pext{{200, 20}}},                                  // the smallest run that holds all
-		{50, nil, []pext{{100, 50}}},                                  // an exact fit
-		{60, nil, []pext{{300, 60}}},                                  // only the large run holds it
-		{20, []pext{{190, 60}}, []pext{{100, 20}}},                    // not into another disk's layout
-		{60, []pext{{250, 500}}, []pext{{100, 50}, {200, 10}}},        // no run holds all outside the layouts: the largest
-		{900, nil, []pext{{0, 10}, {100, 50}, {200, 30}, {300, 400}}}, // fewer free than wanted: all of it
-	} {
-		if got := a.region(tc.n, tc.claimed); fmt.Sprint(got) != fmt.Sprint(tc.want) {
-			t.Errorf("region(%d, %v) = %v, want %v", tc.n, tc.claimed, got, tc.want)
-		}
-	}
-}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
+	"github.com/vdiskfs/vdiskfs/image/placement"
 )
 
 // disk is the shared state of one virtual disk; handles (Disk) point to it.
@@ -29,7 +30,7 @@ type disk struct {
 
 	// Guarded by s.mu:
 	opens int
-	units map[uint64]*unit // allocation units reserved, by unit index (units.go)
+	units map[uint64]*placement.Unit // allocation units reserved, by unit index (placement.go)
 
 	// flags are diskFlagSnapshot (read only) and diskFlagClone; set at
 	// creation, or at the first whole-disk copy into it.

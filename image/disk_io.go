@@ -1,13 +1,11 @@
 package image
 
 import (
-	"errors"
 	"fmt"
 	"io"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
-	"github.com/vdiskfs/vdiskfs/image/backend"
 )
 
 // ReadAt reads len(p) bytes at off. Like a file, it returns io.EOF when the
@@ -23,12 +21,10 @@ func (h *Disk) ReadAt(p []byte, off int64) (int, error) {
 	case err != nil:
 		return 0, err
 	}
-	n := pl.N
-	if err := pl.run(); err != nil {
-		pl.Abort()
-		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", h.d.id, n, off, err)
+	if err := pl.perform(); err != nil {
+		return 0, fmt.Errorf("disk %d read %d bytes at %d: %w", h.d.id, pl.N, off, err)
 	}
-	pl.Finish()
+	n := pl.N
 	if n < len(p) {
 		return n, io.EOF
 	}
@@ -87,13 +83,10 @@ func (h *Disk) write(p []byte, off int64, fua bool) (n int, durable bool, err er
 	case err != nil:
 		return 0, false, err
 	}
-	if err := pl.run(); err != nil {
-		pl.Abort()
+	if err := pl.perform(); err != nil {
 		return 0, false, fmt.Errorf("disk %d write %d bytes at %d: %w", h.d.id, len(p), off, err)
 	}
-	durable = pl.Durable
-	pl.Finish()
-	return len(p), durable, nil
+	return len(p), pl.Durable, nil
 }
 
 // countRequest counts one read or write request of n bytes, served, into
@@ -122,313 +115,6 @@ func zeroHoles(buf []byte, segs []blockmap.Segment, first, bs uint64) {
 	}
 }
 
-// neighbours are what placement aims by (docs/DESIGN.md, rule 7): the
-// disk's mapped extents on either side of a request's block range, and the
-// disk's size in blocks.
-type neighbours struct {
-	d                *disk
-	prev, next       blockmap.Extent
-	hasPrev, hasNext bool
-	blocks           uint64
-	// cow: a neighbour was dropped because the disk shares its blocks
-	// (ownNeighboursLockedMu), so the disk's first layout is where blocks
-	// it shares lie: a hole with no neighbour aims at its copy-on-write
-	// layout instead (Store.cowBase).
-	cow bool
-	// lazy: not looked up yet, for blocks [first, first+count): a write
-	// whose holes its allocation units cover needs none (allocHoles
-	// resolves them for the others).
-	lazy         bool
-	first, count uint64
-}
-
-// resolve looks up lazy neighbours.
-func (nb *neighbours) resolve() {
-	if !nb.lazy {
-		return
-	}
-	d := nb.d
-	d.mu.RLock()
-	*nb = d.neighboursLockedMu(nb.first, nb.count)
-	d.mu.RUnlock()
-}
-
-// neighboursLockedMu returns the neighbours of blocks [first, first+count).
-// Caller holds d.mu (either mode).
-func (d *disk) neighboursLockedMu(first, count uint64) neighbours {
-	nb := neighbours{d: d}
-	nb.prev, nb.hasPrev = d.m.Before(first)
-	if v, ok := d.m.NextData(first + count); ok {
-		nb.next, nb.hasNext = d.m.Before(v + 1)
-	}
-	nb.blocks = (uint64(d.attr.Size) + d.s.bs - 1) / d.s.bs
-	return nb
-}
-
-// ownNeighboursLockedMu drops the neighbours that cannot say where the
-// request's new blocks belong because the disk does not own their blocks
-// alone: an extent before the range whose last block is shared or that
-// reaches into the range (its blocks there are being copied on write),
-// an extent after it whose first block is shared. Aimed by those, a
-// copy-on-write would aim at the shared block itself, which is taken, and
-// land wherever the allocator finds room next, one extent per write.
-// Caller holds d.mu and s.mu.
-func (s *Store) ownNeighboursLockedMu(nb *neighbours, first, count uint64) {
-	if nb.hasPrev && (nb.prev.End() > first || s.mu.shared.Shared(nb.prev.PhysEnd()-1, 1)) {
-		nb.hasPrev, nb.cow = false, true
-	}
-	if nb.hasNext && (nb.next.Virt < first+count || s.mu.shared.Shared(nb.next.Phys, 1)) {
-		nb.hasNext, nb.cow = false, true
-	}
-}
-
-// allocHoles fills sc.out with sc.segs (a lookup), every hole given new
-// blocks (recorded in sc.allocs, in flight until published or returned
-// with unallocate). With mayCommit false it never waits for a commit to
-// release quarantined blocks (allocData). On error it has returned what it
-// allocated.
-//
-// Placement follows the virtual offset, not the order of the writes: a
-// hole is aimed where its nearest mapped neighbour says it belongs, the
-// neighbour's physical block plus the virtual distance (as ext4 aims a new
-// block by its logical neighbour): the extent before it, or else the one
-// after it, or, for a disk with nothing mapped yet, a base chosen for the
-// whole disk (allocator.base). So every block of a disk filled in any
-// order is aimed at one linear layout, base + virtual block, and a disk
-// written at random reads back in large I/Os wherever that layout was
-// free; where another disk holds the goal, the allocator takes the next
-// free blocks after it. Neighbours whose blocks are shared do not count
-// (ownNeighboursLockedMu), and a copy-on-write with none left aims at a
-// second layout of the disk's (Store.cowBase), so a disk rewritten at
-// random over a snapshot or a clone is laid out by virtual offset too.
-func (s *Store) allocHoles(sc *scratch, nb neighbours, mayCommit bool) error {
-	var lastVirt, lastPhys uint64
-	hasLast := false
-	if nb.hasPrev {
-		lastVirt, lastPhys, hasLast = nb.prev.End(), nb.prev.PhysEnd(), true
-	}
-	for i, sg := range sc.segs {
-		if !sg.Hole {
-			sc.out = append(sc.out, sg)
-			lastVirt, lastPhys, hasLast = sg.Virt+sg.Len, sg.Phys+sg.Len, true
-			continue
-		}
-		// A small hole whose allocation unit is reserved already takes its
-		// blocks there and needs no goal, so no neighbours; else the goal
-		// is computed, and the unit reserved at it if it can be.
-		small := sg.Len*s.bs < prepareBelow
-		var given bool
-		var err error
-		if small {
-			given, err = s.fromUnit(sc, nb.d, sg, 0, false, false)
-		}
-		var goal uint64
-		hasGoal := false
-		if !given && err == nil {
-			if nb.lazy {
-				nb.resolve()
-				if nb.hasPrev && !hasLast {
-					lastVirt, lastPhys, hasLast = nb.prev.End(), nb.prev.PhysEnd(), true
-				}
-			}
-			goal, hasGoal = s.holeGoal(nb, sc.segs, i, lastVirt, lastPhys, hasLast)
-			if hasGoal && small {
-				given, err = s.fromUnit(sc, nb.d, sg, goal, true, mayCommit)
-			}
-		}
-		if err != nil {
-			return s.abandonAllocs(sc, err)
-		}
-		if given {
-			lastVirt, lastPhys, hasLast = sg.Virt+sg.Len, sc.out[len(sc.out)-1].Phys+sg.Len, true
-			continue
-		}
-		start := len(sc.allocs)
-		if hasGoal && small { // the blocks aimed at are given after their chunk is prepared
-			err = s.prepareBacking([]pext{{Start: goal, Len: sg.Len}}, mayCommit)
-		}
-		if err == nil {
-			sc.allocs, err = s.allocData(sc.allocs, sg.Len, goal, hasGoal, mayCommit)
-		}
-		if err != nil {
-			return s.abandonAllocs(sc, err)
-		}
-		v := sg.Virt
-		for _, e := range sc.allocs[start:] {
-			sc.out = append(sc.out, blockmap.Segment{Virt: v, Len: e.Len, Phys: e.Start})
-			v += e.Len
-		}
-		last := sc.allocs[len(sc.allocs)-1]
-		lastVirt, lastPhys, hasLast = v, last.end(), true
-		// Blocks given away from the goal may lie in a chunk not prepared yet.
-		if !small {
-			continue
-		}
-		if err := s.prepareBacking(sc.allocs[start:], mayCommit); err != nil {
-			return s.abandonAllocs(sc, err)
-		}
-	}
-	return nil
-}
-
-// holeGoal is where allocHoles aims hole sc.segs[i] (see there): by the
-// last mapped or given block before it (lastVirt, lastPhys), else by the
-// data after it, else by the disk's layout base.
-func (s *Store) holeGoal(nb neighbours, segs []blockmap.Segment, i int, lastVirt, lastPhys uint64, hasLast bool) (uint64, bool) {
-	sg := segs[i]
-	next, hasNext := nb.next, nb.hasNext
-	if i+1 < len(segs) { // a hole is followed by data in a lookup
-		next, hasNext = blockmap.Extent{Virt: segs[i+1].Virt, Phys: segs[i+1].Phys}, true
-	}
-	var goal uint64
-	hasGoal := hasLast
-	switch {
-	case hasLast:
-		goal = lastPhys + (sg.Virt - lastVirt)
-	case hasNext && next.Phys >= next.Virt-sg.Virt:
-		goal, hasGoal = next.Phys-(next.Virt-sg.Virt), true
-	case !hasNext && nb.cow:
-		goal, hasGoal = s.cowBase(nb.d, nb.blocks)
-		goal += sg.Virt
-	case !hasNext:
-		goal, hasGoal = s.diskBase(nb.d, nb.blocks)
-		goal += sg.Virt
-	}
-	return goal, hasGoal
-}
-
-// fromUnit gives hole sg its blocks from its allocation unit
-// (allocFromUnit, with goal, reserve and wait) and appends its segment to
-// sc.out; given false: the hole must be allocated otherwise.
-func (s *Store) fromUnit(sc *scratch, d *disk, sg blockmap.Segment, goal uint64, reserve, wait bool) (given bool, err error) {
-	sc.allocs, given, err = s.allocFromUnit(sc.allocs, d, sg.Virt, sg.Len, goal, reserve, wait)
-	if given {
-		e := sc.allocs[len(sc.allocs)-1]
-		sc.out = append(sc.out, blockmap.Segment{Virt: sg.Virt, Len: e.Len, Phys: e.Start})
-	}
-	return given, err
-}
-
-// abandonAllocs returns every block allocHoles gave so far and returns err.
-func (s *Store) abandonAllocs(sc *scratch, err error) error {
-	s.unallocate(sc.allocs)
-	sc.allocs = sc.allocs[:0]
-	return err
-}
-
-// prepareBelow: only holes smaller than this are worth preparing the
-// backing for. A large first write pays the host file system's allocation
-// once for many blocks, and preparing its chunk would write every block
-// twice (zeros, then the data): a 1 MiB sequential stream into holes fell
-// below the pass-through with it and stayed above without.
-const prepareBelow = 256 << 10
-
-// errUnprepared declines a plan that cannot wait (PlanWrite) whose new
-// blocks lie in a part of the backing not yet prepared: WriteAt prepares
-// it and writes.
-var errUnprepared = errors.New("backing not prepared for the new blocks")
-
-// prepareBacking prepares every chunk of a backend.Preparer backing (a
-// store file) that holds blocks of allocs and is not yet prepared
-// (prepareChunk), so that their first writes are overwrites for the host
-// file system. With wait false it only checks, and returns errUnprepared
-// if a chunk needs preparing.
-func (s *Store) prepareBacking(allocs []pext, wait bool) error {
-	p, ok := s.be.(backend.Preparer)
-	if !ok {
-		return nil
-	}
-	chunk := p.PrepareChunk()
-	for _, e := range allocs {
-		first := (s.dataOff + int64(e.Start*s.bs)) / chunk
-		last := (min(s.dataOff+int64(e.end()*s.bs), s.dataEnd) - 1) / chunk
-		for c := first; c <= last; c++ {
-			if p.Prepared(c) {
-				continue
-			}
-			if !wait {
-				return errUnprepared
-			}
-			s.prepareChunk(p, c)
-		}
-	}
-	return nil
-}
-
-// prepareChunk writes zeros over every free block of chunk c of the
-// backing, in large writes, and marks the chunk prepared. The free blocks
-// are taken from the allocator meanwhile, in flight like a write's
-// (no one is given them, Check counts them), and returned after: so no
-// block anyone uses, or is given meanwhile, is written, and blocks in
-// quarantine (still referenced by the durable maps) are not free. Free
-// blocks hold nothing anyone reads (a disk reads its holes as zeros
-// without I/O), so writing them changes nothing a reader sees, before or
-// after a crash. A chunk holding most of what is free is not prepared
-// (taking its blocks away for the while could make a write fail for
-// space), and a failed zero write is not retried: either way the chunk is
-// marked and its first writes pay the host file system's allocation, as
-// before preparation existed.
-func (s *Store) prepareChunk(p backend.Preparer, c int64) {
-	s.prepMu.Lock()
-	defer s.prepMu.Unlock()
-	if p.Prepared(c) {
-		return
-	}
-	chunk, bs := p.PrepareChunk(), int64(s.bs)
-	lo := uint64(max(c*chunk-s.dataOff+bs-1, 0) / bs)
-	hi := uint64(max((c+1)*chunk-s.dataOff, 0) / bs)
-	defer p.MarkPrepared(c) // prepared, or not worth trying again
-	s.mu.Lock()
-	hi = min(hi, s.mu.alloc.total)
-	taken := s.mu.alloc.takeRange(lo, hi)
-	var n uint64
-	for _, e := range taken {
-		n += e.Len
-	}
-	giveBack := func() { // caller holds s.mu
-		for _, e := range taken {
-			delete(s.mu.inflight, e.Start)
-			if err := s.mu.alloc.free(e); err != nil {
-				s.log.WithError(err).Error("returning blocks after preparing the backing")
-			}
-		}
-	}
-	if s.mu.alloc.freeBlocks < s.ckptReserveLockedMu()+n {
-		// Most of what is free is in this chunk: holding it for the
-		// while could fail other writes for space. Write without.
-		giveBack()
-		s.mu.Unlock()
-		return
-	}
-	for _, e := range taken {
-		s.mu.inflight[e.Start] = e.Len
-	}
-	s.mu.Unlock()
-
-	zeros := s.pool.Get(maxRunBytes)
-	clear(zeros)
-	var err error
-	var written uint64
-	for _, e := range taken {
-		off, end := s.dataOff+int64(e.Start)*bs, s.dataOff+int64(e.end())*bs
-		for ; off < end && err == nil; off += int64(len(zeros)) {
-			n := min(int64(len(zeros)), end-off)
-			_, err = s.be.WriteAt(zeros[:n], off)
-			written += uint64(n)
-		}
-	}
-	s.pool.Put(zeros)
-
-	s.mu.Lock()
-	giveBack()
-	s.mu.Unlock()
-	s.stats.PreparedBytes.Add(written)
-	if err != nil {
-		s.stats.Errors.Add(1)
-		s.log.WithError(err).Warn("writing the store file ahead of first writes failed; writing without")
-	}
-}
-
 // grows reports whether a write ending at end grows the disk.
 func (d *disk) grows(end int64) bool {
 	d.mu.RLock()
@@ -451,7 +137,7 @@ func (s *Store) mappingsDurable() bool {
 }
 
 // publishWriteLockedRange ends a write whose data is on the backing: it maps
-// the blocks allocHoles gave it and grows the disk to end, with their
+// the blocks fillHoles gave it and grows the disk to end, with their
 // records. Caller holds the write's range lock.
 func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
 	if len(sc.allocs) == 0 && !d.grows(end) {
@@ -489,9 +175,11 @@ func isAllocated(sg blockmap.Segment, allocs []pext) bool {
 	return false
 }
 
-// fillBlock fills dst (one block) with the current content of virtual block
-// v: zeros for a hole, else the block read from the backend.
-func (s *Store) fillBlock(c *Shard, dst []byte, segs []blockmap.Segment, v uint64) error {
+// fillBlock fills dst (one block) with the current content of virtual
+// block v: zeros for a hole (segs, a lookup of the range, says which),
+// else what a read plan of the store's own reads (readLockedRange).
+// Caller holds a range lock over v.
+func (d *disk) fillBlock(dst []byte, segs []blockmap.Segment, v uint64) error {
 	for _, sg := range segs {
 		if v < sg.Virt || v >= sg.Virt+sg.Len {
 			continue
@@ -500,7 +188,7 @@ func (s *Store) fillBlock(c *Shard, dst []byte, segs []blockmap.Segment, v uint6
 			clear(dst)
 			return nil
 		}
-		return s.readData(c, dst, sg.Phys+v-sg.Virt)
+		return d.readLockedRange(dst, int64(v*d.s.bs))
 	}
 	panic(fmt.Sprintf("image: block %d not in lookup segments", v))
 }

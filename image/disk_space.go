@@ -2,6 +2,7 @@ package image
 
 import (
 	"fmt"
+	"io"
 	"sort"
 	"time"
 
@@ -27,11 +28,11 @@ func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 	defer s.pool.Put(buf)
 	// A read and a write planned like any other (the write gives a shared
 	// block a new one, as every write does).
-	if err := d.runLockedRange(buf[:n], off, false); err != nil {
+	if _, err := d.runLockedRange(buf[:n], off, false); err != nil {
 		return err
 	}
 	fn(buf)
-	if err := d.runLockedRange(buf[:n], off, true); err != nil {
+	if _, err := d.runLockedRange(buf[:n], off, true); err != nil {
 		return err
 	}
 	// The caller's size or punch record relies on this write: the commit
@@ -43,18 +44,33 @@ func (d *disk) rmwBlockLockedRange(v uint64, fn func(block []byte)) error {
 }
 
 // runLockedRange reads len(p) bytes at off into p, or writes p there, through
-// a plan the store makes for itself (no handle). Caller holds an exclusive
-// range lock over the range.
-func (d *disk) runLockedRange(p []byte, off int64, write bool) error {
+// a plan the store makes for itself (no handle), and returns the bytes it
+// read or wrote: a read stops at the disk's size. Caller holds a range
+// lock over the range, exclusive for a write.
+func (d *disk) runLockedRange(p []byte, off int64, write bool) (int, error) {
 	var pl IOPlan
-	if err := d.prepare(&pl, p, off, planMode{write: write, wait: true, locked: true}, nil); err != nil {
+	switch err := d.prepare(&pl, p, off, planMode{write: write, wait: true, locked: true}, nil); {
+	case err == io.EOF && !write:
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	if err := pl.perform(); err != nil {
+		return 0, err
+	}
+	return pl.N, nil
+}
+
+// readLockedRange reads len(p) bytes at off into p through a plan of the
+// store's own (runLockedRange). What lies past the disk's size reads as
+// zeros, as a block's tail past the size holds on the backing. Caller
+// holds a range lock over the range.
+func (d *disk) readLockedRange(p []byte, off int64) error {
+	n, err := d.runLockedRange(p, off, false)
+	if err != nil {
 		return err
 	}
-	if err := pl.run(); err != nil {
-		pl.Abort()
-		return err
-	}
-	pl.Finish()
+	clear(p[n:])
 	return nil
 }
 
@@ -339,7 +355,7 @@ func (h *Disk) Allocate(off, n int64, keepSize bool) error {
 }
 
 // allocateZeroedLockedRange gives the holes in virtual blocks [first,
-// first+count) zeroed blocks, placed as a write's are (allocHoles: by the
+// first+count) zeroed blocks, placed as a write's are (placement.Fill: by the
 // virtual offset of the nearest mapped neighbour, else the disk's layout
 // base), so a disk fallocated in any order is laid out as one written in
 // order. Blocks it shares stay shared (fallocate does not unshare). Caller
@@ -358,13 +374,14 @@ func (d *disk) allocateZeroedLockedRange(first, count uint64) error {
 	nb := d.neighboursLockedMu(first, count)
 	if d.mayShare.Load() {
 		s.mu.Lock()
-		s.ownNeighboursLockedMu(&nb, first, count)
+		nb.DropShared(first, count, s.mu.shared)
 		s.mu.Unlock()
 	}
 	d.mu.RUnlock()
 	// A disk that grows by this call has no size yet to size its layout.
-	nb.blocks = max(nb.blocks, first+count)
-	if err := s.allocHoles(sc, nb, true); err != nil {
+	nb.Blocks = max(nb.Blocks, first+count)
+	if err := d.fillHoles(sc, nb, true); err != nil {
+		s.unallocate(sc.allocs)
 		return err
 	}
 	for _, sg := range sc.out {

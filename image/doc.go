@@ -64,27 +64,31 @@
 // PlanWrite, PlanWriteSync decline what would need a wait) and submit it
 // on their own rings. So tests that use ReadAt and WriteAt on the memory
 // and crash backends run the same planning and finishing as a mount.
+// The store's own I/O on a disk is planned too, without a handle
+// (runLockedRange, under a range lock its caller holds): the
+// read-modify-write of a partial block (a write's edges, a punch's, a
+// truncate's) and defrag's reads. Three writes are not disk requests and
+// go to the backend without a plan, counted alike (io.go): defrag's copy
+// into blocks no map holds until it remaps them, the zeros that prepare
+// a chunk of a store file (free blocks of no disk), and Open's zeroing of
+// a crash's stale tails.
 //
 // # Keeping large I/O large
 //
-// Maps hold extents (package blockmap). Placement follows the virtual
-// offset, not the order of the writes: a hole is aimed at its nearest
-// mapped neighbour's physical block plus the virtual distance (the extent
-// before it, else the one after), and a disk with nothing mapped gets one
-// layout base, outside the layouts other disks follow (allocHoles). A
-// neighbour whose blocks are shared does not count, and a copy-on-write
-// with no neighbour of its own aims at a second layout of the disk's,
-// outside every layout (its first one holds what it shares). So a
-// sequential stream stays one extent, a disk filled in random order too
-// where its layout is free, one rewritten at random over a snapshot too,
-// and package coalesce turns a request's
-// lookup segments into one backend I/O per physically contiguous run.
-// Small first writes take their blocks from allocation units (units.go):
-// the first one into an aligned 1 MiB of a disk reserves that MiB's
-// physical stretch where the layout puts it, and the others there take
-// their blocks from the reservation without searching or splitting the
-// allocator's free extents. Reserved blocks count as free, are given up
-// when space is short, and live in memory only. A
+// Maps hold extents (package blockmap), and package placement decides
+// where new blocks go (see its doc): a hole is aimed at its nearest mapped
+// neighbour's physical block plus the virtual distance, a disk with
+// nothing mapped gets one layout base outside the layouts other disks
+// follow, and a small first write takes its block from its allocation
+// unit's reservation. The store owns the placement's state (the
+// Allocator, the disks' Units, Store.mu guarding both) and does its I/O;
+// a write's holes get their blocks in one call, placement.Fill, through
+// the store's side of it (placement.go: diskSpace). So a sequential
+// stream stays one extent, a disk filled in random order too where its
+// layout is free, one rewritten at random over a snapshot too, and
+// package coalesce turns a request's lookup segments into one backend
+// I/O per physically contiguous run. Reserved blocks count as free, are
+// given up when space is short, and live in memory only. A
 // disk whose blocks are scattered all the same (laid out before placement
 // followed the virtual offset, or where its layout was taken) is rewritten
 // into one run by Store.Defrag (defrag.go), chunk by chunk, as crash-safe
@@ -93,8 +97,9 @@
 //
 // On a store file the host file system's own cost of a first write is
 // taken ahead, a chunk at a time (backend.Preparer): before a chunk of the
-// file first holds new blocks of a small write (prepareBelow), zeros are
-// written over its free blocks in large writes (Store.prepareChunk), so
+// file first holds new blocks of a small write (placement.PrepareBelow),
+// zeros are written over its free blocks in large writes
+// (Store.prepareChunk), so
 // every later first write there is an overwrite for ext4 or XFS, not an
 // allocation under the file's lock. Large first writes allocate as they
 // go: preparing for them would write their blocks twice.

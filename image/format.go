@@ -12,6 +12,7 @@ import (
 	"hash/crc32"
 	"unicode/utf8"
 
+	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
@@ -74,11 +75,7 @@ const (
 )
 
 // pext is a physical extent: Len blocks from block Start of the data region.
-type pext struct {
-	Start, Len uint64
-}
-
-func (p pext) end() uint64 { return p.Start + p.Len }
+type pext = placement.Extent
 
 // superblock is the root of the store. Two identical copies live at byte 0 and
 // byte 4096; the valid copy with the highest generation wins.
@@ -361,23 +358,25 @@ func appendRecord(b []byte, r *record) []byte {
 		b = appendName(b, r.Name)
 	case recUnlink, recDelete:
 	case recMap:
-		b = le.AppendUint64(b, r.Virt)
-		b = le.AppendUint64(b, r.Phys)
-		b = le.AppendUint64(b, r.Len)
+		b = appendUint64s(b, r.Virt, r.Phys, r.Len)
 	case recPunch:
-		b = le.AppendUint64(b, r.Virt)
-		b = le.AppendUint64(b, r.Len)
+		b = appendUint64s(b, r.Virt, r.Len)
 	case recClone:
-		b = le.AppendUint64(b, r.Src)
-		b = le.AppendUint64(b, r.SrcVirt)
-		b = le.AppendUint64(b, r.Virt)
-		b = le.AppendUint64(b, r.Len)
+		b = appendUint64s(b, r.Src, r.SrcVirt, r.Virt, r.Len)
 	case recFlags:
 		b = le.AppendUint32(b, r.Flags)
 		b = le.AppendUint64(b, r.Src)
 		b = append(b, r.UUID[:]...)
 	default:
 		panic(fmt.Sprintf("image: encoding unknown record type %d", r.Type))
+	}
+	return b
+}
+
+// appendUint64s encodes vs onto b, in order, each little-endian.
+func appendUint64s(b []byte, vs ...uint64) []byte {
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint64(b, v)
 	}
 	return b
 }

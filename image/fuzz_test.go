@@ -92,7 +92,7 @@ func FuzzCheckpoint(f *testing.F) {
 	c := &checkpoint{Seq: 4, UUID: uuid, NextID: 3, Disks: []ckptDisk{
 		{ID: 1, Attr: diskAttr{Size: 1 << 20}, Name: "a.raw", Extents: []extentRec{{0, 10, 5}, {8, 100, 2}}},
 		{ID: 2, Flags: diskFlagOrphan, Name: "b.raw"},
-	}, Free: []pext{{0, 10}, {200, 50}}}
+	}, Free: []pext{{Start: 0, Len: 10}, {Start: 200, Len: 50}}}
 	f.Add(c.encode(nil))
 	f.Add((&checkpoint{UUID: uuid}).encode(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -5,11 +5,13 @@ import (
 	"time"
 )
 
-// The data I/O of a plan (IOPlan) is counted by Finish; the single-block
-// reads and writes outside a plan (the read-modify-write of a partial
-// block, the zeroing of a tail) go through these helpers. Both count the
-// same way: each backend I/O once, its size, and its latency from
-// submission to completion; a failure counts an error.
+// The data I/O of a plan (IOPlan) is counted by Finish. The data I/O no
+// plan can make goes through these helpers, counted the same way (each
+// backend I/O once, its size, and its latency from submission to
+// completion; a failure counts an error): defrag's writes into blocks no
+// map holds yet (a plan writes a disk's range where its map or placement
+// puts it, never into blocks its caller chose), and Open's zeroing of a
+// disk's tail past its size, made under Store.mu before any plan can be.
 
 // readData reads len(p) bytes at physical block phys, counting into c.
 func (s *Store) readData(c *Shard, p []byte, phys uint64) error {

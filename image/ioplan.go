@@ -10,6 +10,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/image/placement"
 )
 
 // An IOPlan is a disk read or write turned into I/O on the store's
@@ -205,10 +206,10 @@ type request struct {
 	first, count uint64 // its blocks
 	aligned      bool   // offset, length and memory block-aligned: the I/O goes to and from p itself
 	sub          backend.Submitter
-	async        bool       // its I/O starts on the caller's completion queue
-	holes        bool       // a write with blocks to fill: holes, or shared blocks written around
-	nb           neighbours // where those blocks go (placement)
-	c            *Shard     // the counters it counts into
+	async        bool                 // its I/O starts on the caller's completion queue
+	holes        bool                 // a write with blocks to fill: holes, or shared blocks written around
+	nb           placement.Neighbours // where those blocks go
+	c            *Shard               // the counters it counts into
 }
 
 // admit checks the request and chooses how its I/O will be issued: the
@@ -313,11 +314,11 @@ func (d *disk) lookUp(pl *IOPlan, r *request, m planMode) error {
 		r.holes = r.holes || sc.cowed
 		if r.holes {
 			r.nb = d.neighboursLockedMu(r.first, r.count)
-			s.ownNeighboursLockedMu(&r.nb, r.first, r.count)
+			r.nb.DropShared(r.first, r.count, s.mu.shared)
 		}
 		s.mu.Unlock()
 	} else if m.write && r.holes {
-		r.nb = neighbours{d: d, lazy: true, first: r.first, count: r.count}
+		r.nb = placement.Neighbours{Lazy: true, First: r.first, Count: r.count}
 	}
 	size := d.attr.Size
 	d.mu.RUnlock()
@@ -359,7 +360,7 @@ func (d *disk) buffer(pl *IOPlan, r *request, m planMode) ([]byte, error) {
 			continue
 		}
 		lo := (sp.Block - r.first) * bs
-		if err := s.fillBlock(r.c, buf[lo:lo+bs], pl.sc.segs, sp.Block); err != nil {
+		if err := d.fillBlock(buf[lo:lo+bs], pl.sc.segs, sp.Block); err != nil {
 			return nil, fmt.Errorf("disk %d write at %d: read-modify-write: %w", d.id, r.off, err)
 		}
 	}
@@ -368,7 +369,7 @@ func (d *disk) buffer(pl *IOPlan, r *request, m planMode) ([]byte, error) {
 }
 
 // placeHoles gives a write's holes (and the shared blocks it writes
-// around) new blocks, placed by their neighbours (allocHoles), and returns
+// around) new blocks, placed by their neighbours (fillHoles), and returns
 // the segments the I/O goes to. Without wait, blocks are taken without
 // waiting for a commit to free any: a full store's writes go to WriteAt.
 func (d *disk) placeHoles(pl *IOPlan, r *request, m planMode) ([]blockmap.Segment, error) {
@@ -379,7 +380,7 @@ func (d *disk) placeHoles(pl *IOPlan, r *request, m planMode) ([]blockmap.Segmen
 	if !m.write || !r.holes {
 		return sc.segs, nil
 	}
-	if err := d.s.allocHoles(sc, r.nb, m.wait); err != nil {
+	if err := d.fillHoles(sc, r.nb, m.wait); err != nil {
 		return nil, m.decline(DeclineNoBlocks, fmt.Errorf("disk %d write %d bytes at %d: %w", d.id, r.n, r.off, err))
 	}
 	return sc.out, nil
@@ -484,6 +485,17 @@ func (pl *IOPlan) run() error {
 		pl.sc.lat = append(pl.sc.lat, time.Since(t))
 	}
 	pl.timed = true
+	return nil
+}
+
+// perform runs the plan's I/O (run) and finishes it, or aborts it when an
+// I/O failed. N and Durable stay for the caller to read.
+func (pl *IOPlan) perform() error {
+	if err := pl.run(); err != nil {
+		pl.Abort()
+		return err
+	}
+	pl.Finish()
 	return nil
 }
 

@@ -44,12 +44,11 @@ func (s *Store) commitBackground() error { return s.commit(true, true) }
 
 func (s *Store) commit(times, background bool) error {
 	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
+	closed, want := s.mu.closed, s.mu.recGen
+	s.mu.Unlock()
+	if closed {
 		return ErrClosed
 	}
-	want := s.mu.recGen
-	s.mu.Unlock()
 	wantWrites := s.writeGen.Load()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
@@ -333,7 +332,7 @@ func (s *Store) releaseLockedCommit(q []pext) {
 	merged := q[:1]
 	for _, e := range q[1:] {
 		last := &merged[len(merged)-1]
-		if last.end() == e.Start {
+		if last.End() == e.Start {
 			last.Len += e.Len
 		} else {
 			merged = append(merged, e)
@@ -365,7 +364,7 @@ func (s *Store) releaseLockedCommit(q []pext) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range merged {
-		if err := s.mu.alloc.free(e); err != nil {
+		if err := s.mu.alloc.Free(e); err != nil {
 			s.log.WithError(err).Error("releasing freed blocks")
 		}
 	}
@@ -504,7 +503,7 @@ func (s *Store) applyRecord(r *record, seq uint64) {
 	case recMap:
 		if r.Phys >= s.sb.DataBlocks || r.Len > s.sb.DataBlocks-r.Phys {
 			bad("disk %d maps physical blocks [%d,+%d) outside the data region", d.id, r.Phys, r.Len)
-		} else if err := s.mu.alloc.take(pext{Start: r.Phys, Len: r.Len}); err != nil {
+		} else if err := s.mu.alloc.Take(pext{Start: r.Phys, Len: r.Len}); err != nil {
 			bad("disk %d maps physical blocks [%d,+%d) that are not free: %v", d.id, r.Phys, r.Len, err)
 		}
 		s.replayFree(d.m.Insert(blockmap.Extent{Virt: r.Virt, Phys: r.Phys, Len: r.Len}, nil), bad)
@@ -520,7 +519,7 @@ func (s *Store) replayFree(unmapped []blockmap.Extent, bad func(string, ...any))
 	for _, u := range unmapped {
 		freed = s.mu.shared.Drop(u.Phys, u.Len, freed[:0])
 		for _, f := range freed {
-			if err := s.mu.alloc.free(pext{Start: f.Start, Len: f.Len}); err != nil {
+			if err := s.mu.alloc.Free(pext{Start: f.Start, Len: f.Len}); err != nil {
 				bad("freeing physical blocks [%d,+%d): %v", f.Start, f.Len, err)
 			}
 		}
@@ -536,7 +535,7 @@ func (s *Store) replayFree(unmapped []blockmap.Extent, bad func(string, ...any))
 // blocks. So a store file gives space back to its host file system in
 // chunks, as whole chunks come free.
 func (s *Store) discardRange(e pext) (off, n int64) {
-	off, end := s.dataOff+int64(e.Start*s.bs), s.dataOff+int64(e.end()*s.bs)
+	off, end := s.dataOff+int64(e.Start*s.bs), s.dataOff+int64(e.End()*s.bs)
 	if p, ok := s.be.(backend.Preparer); ok {
 		chunk := p.PrepareChunk()
 		off, end = (off+chunk-1)/chunk*chunk, end/chunk*chunk

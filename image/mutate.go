@@ -11,7 +11,7 @@ import (
 type mapChange struct {
 	recs   []record          // journalled as one mutation
 	freed  []blockmap.Extent // unmapped: quarantined until recs are durable
-	mapped []pext            // given in flight (allocHoles, defrag), now mapped
+	mapped []pext            // given in flight (fillHoles, defrag), now mapped
 	shared []blockmap.Extent // now mapped by one more map (a copy)
 	// releaseUnits gives up the disk's allocation units from unit
 	// unitsFrom on (0: all of them), as a punch or shrink that forgot the

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/vdiskfs/vdiskfs/blockmap"
+	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
@@ -129,13 +130,13 @@ func (s *Store) repairStateLockedCommit() []string {
 	var claimedBy string
 	for _, o := range owners {
 		if o.Start < claimedEnd && o.d != nil && (!sharing || claimedBy == "the checkpoint") {
-			lo, hi := o.Start, min(o.end(), claimedEnd)
+			lo, hi := o.Start, min(o.End(), claimedEnd)
 			v := o.virt + (lo - o.Start)
 			o.d.m.Punch(v, hi-lo, nil)
 			say("disk %s: dropped bytes [%d,%d): their blocks also belong to %s", diskName(o.d), v*bs, (v+hi-lo)*bs, claimedBy)
 		}
-		if o.end() > claimedEnd {
-			claimedEnd = o.end()
+		if o.End() > claimedEnd {
+			claimedEnd = o.End()
 			if o.d == nil {
 				claimedBy = "the checkpoint"
 			} else {
@@ -164,21 +165,21 @@ func (s *Store) repairStateLockedCommit() []string {
 		}
 	}
 	sort.Slice(used, func(i, j int) bool { return used[i].Start < used[j].Start })
-	a := newAllocator(total)
-	for _, f := range complement(used, total) {
-		if err := a.free(f); err != nil {
+	a := placement.NewAllocator(total)
+	for _, f := range placement.Complement(used, total) {
+		if err := a.Free(f); err != nil {
 			panic(fmt.Sprintf("image: repair: rebuilding the free map: %v", err))
 		}
 	}
 	s.mu.Lock()
 	// Allocation units hold blocks of the free map being replaced.
-	lost := s.mu.alloc.freeBlocks + s.mu.reserved
+	lost := s.mu.alloc.FreeBlocks() + s.mu.reserved
 	for _, d := range s.mu.disks {
 		d.units = nil
 	}
 	s.mu.reserved = 0
-	if lost != a.freeBlocks {
-		say("rebuilt the free map: %d free blocks (was %d)", a.freeBlocks, lost)
+	if lost != a.FreeBlocks() {
+		say("rebuilt the free map: %d free blocks (was %d)", a.FreeBlocks(), lost)
 	}
 	if high, low := countDiff(s.mu.shared, counts); high+low > 0 {
 		say("rebuilt the reference counts of shared blocks from the maps: %d block(s) counted above their users, %d below; %d stretch(es) shared now (were %d)",

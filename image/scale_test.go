@@ -38,7 +38,7 @@ func TestMillionExtents(t *testing.T) {
 	// extents merge.
 	for i := uint64(0); i < extents; i++ {
 		phys := extents - 1 - i
-		if err := s.mu.alloc.take(pext{Start: phys, Len: 1}); err != nil {
+		if err := s.mu.alloc.Take(pext{Start: phys, Len: 1}); err != nil {
 			t.Fatal(err)
 		}
 		d.m.Insert(blockmap.Extent{Virt: 2 * i, Phys: phys, Len: 1}, nil)

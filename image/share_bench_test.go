@@ -95,7 +95,7 @@ func (c *countingBackend) take(s *Store) writes {
 	for _, r := range region {
 		var in uint64
 		for _, e := range ckpt {
-			lo, hi := max(r.Start, e.Start*s.bs), min(r.end(), e.end()*s.bs)
+			lo, hi := max(r.Start, e.Start*s.bs), min(r.End(), e.End()*s.bs)
 			if lo < hi {
 				in += hi - lo
 			}
@@ -304,7 +304,7 @@ func mapWhiteBox(b *testing.B, s *Store, name string, size int64, exts []blockma
 	s.mu.Lock()
 	d := s.mu.names[name]
 	for _, e := range exts {
-		if err := s.mu.alloc.take(pext{Start: e.Phys, Len: e.Len}); err != nil {
+		if err := s.mu.alloc.Take(pext{Start: e.Phys, Len: e.Len}); err != nil {
 			b.Fatal(err)
 		}
 		d.m.Insert(e, nil)

@@ -14,6 +14,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/image/placement"
 	"github.com/vdiskfs/vdiskfs/refcount"
 )
 
@@ -86,7 +87,7 @@ type Store struct {
 	bs         uint64 // block size in bytes
 	dataOff    int64  // byte offset of data block 0
 	dataEnd    int64  // byte offset just past the last data block
-	unitBlocks uint64 // blocks per allocation unit, 0 for none (units.go)
+	unitBlocks uint64 // blocks per allocation unit, 0 for none (placement.UnitBlocks)
 	journalLen int64
 	uuid       [16]byte
 	pool       *coalesce.Pool
@@ -129,7 +130,7 @@ type Store struct {
 		disks     map[uint64]*disk // every live disk, orphans included
 		names     map[string]*disk // named disks
 		nextID    uint64
-		alloc     *allocator
+		alloc     *placement.Allocator
 		shared    *refcount.Table   // reference counts of blocks more than one map holds
 		inflight  map[uint64]uint64 // allocated, data being written: start → len
 		releasing int               // commits that took a quarantine and have not released it yet
@@ -141,7 +142,7 @@ type Store struct {
 		failed    error             // set once a flush or metadata write failed
 		closed    bool
 		ckptExts  []pext // blocks of the current checkpoint
-		reserved  uint64 // blocks in disks' allocation units (units.go)
+		reserved  uint64 // blocks in disks' allocation units (placement.go)
 	}
 
 	// writeGen counts completed backend data writes; a flush that starts
@@ -200,9 +201,9 @@ func Format(be backend.Backend, fo FormatOptions) error {
 	s := &Store{be: be, bs: bs, dataOff: int64(dataOff), uuid: sb.UUID, pool: coalesce.NewPool(maxRunBytes), log: logrus.StandardLogger()}
 	s.stats.init()
 	s.sb = sb
-	s.mu.alloc = newAllocator(sb.DataBlocks)
+	s.mu.alloc = placement.NewAllocator(sb.DataBlocks)
 	s.mu.shared = refcount.New()
-	if err := s.mu.alloc.free(pext{Start: 0, Len: sb.DataBlocks}); err != nil {
+	if err := s.mu.alloc.Free(pext{Start: 0, Len: sb.DataBlocks}); err != nil {
 		return fmt.Errorf("format: %w", err)
 	}
 	c := &checkpoint{Version: formatVersion, Seq: 0, UUID: sb.UUID, NextID: 1}
@@ -372,7 +373,7 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 		bs:           uint64(sb.BlockSize),
 		dataOff:      int64(sb.DataOff),
 		dataEnd:      int64(sb.DataOff + sb.DataBlocks*uint64(sb.BlockSize)),
-		unitBlocks:   storeUnitBlocks(uint64(sb.BlockSize)),
+		unitBlocks:   placement.UnitBlocks(uint64(sb.BlockSize)),
 		journalLen:   int64(sb.JournalLen),
 		uuid:         sb.UUID,
 		pool:         coalesce.NewPool(maxRunBytes),
@@ -383,7 +384,7 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 	s.mu.disks = make(map[uint64]*disk)
 	s.mu.names = make(map[string]*disk)
 	s.mu.inflight = make(map[uint64]uint64)
-	s.mu.alloc = newAllocator(sb.DataBlocks)
+	s.mu.alloc = placement.NewAllocator(sb.DataBlocks)
 	s.mu.shared = refcount.New()
 	if err := s.loadCheckpoint(); err != nil {
 		return nil, err
@@ -462,12 +463,11 @@ func (s *Store) Close() error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
+	closed, failed := s.mu.closed, s.mu.failed
+	s.mu.Unlock()
+	if closed {
 		return ErrClosed
 	}
-	failed := s.mu.failed
-	s.mu.Unlock()
 	var err error
 	if !s.opts.ReadOnly && failed == nil {
 		if err = s.checkpointLockedCommit(); errors.Is(err, ErrNoSpace) {
@@ -618,7 +618,7 @@ func (s *Store) Info() Info {
 	s.commitMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	free := s.mu.alloc.freeBlocks + s.quarantinedFreeLockedMu() + s.mu.reserved
+	free := s.mu.alloc.FreeBlocks() + s.quarantinedFreeLockedMu() + s.mu.reserved
 	return Info{
 		UUID:           fmt.Sprintf("%x-%x-%x-%x-%x", sb.UUID[0:4], sb.UUID[4:6], sb.UUID[6:8], sb.UUID[8:10], sb.UUID[10:16]),
 		Backing:        s.be.Describe(),
@@ -627,7 +627,7 @@ func (s *Store) Info() Info {
 		DataBlocks:     sb.DataBlocks,
 		FreeBlocks:     free,
 		ReservedBlocks: s.mu.reserved,
-		LargestFree:    s.mu.alloc.largest(),
+		LargestFree:    s.mu.alloc.Largest(),
 		Disks:          len(s.mu.names),
 		Extents:        s.mu.extents,
 		JournalBytes:   s.journalLen,

@@ -35,7 +35,7 @@ func TestUnitsRandomFill(t *testing.T) {
 			t.Errorf("halfway: %d blocks free (%d of them reserved), want %d: reserved blocks must count as free", info.FreeBlocks, info.ReservedBlocks, want)
 		}
 		s.mu.Lock()
-		freeExtents := s.mu.alloc.byStart.Len()
+		freeExtents := s.mu.alloc.FreeExtents()
 		s.mu.Unlock()
 		if freeExtents > 4 {
 			t.Errorf("halfway through a random fill the allocator has %d free extents, want at most 4 (one per hole without units)", freeExtents)

@@ -9,64 +9,67 @@ import (
 // Collector turns snapshots of a Source into Prometheus metrics at each
 // scrape.
 type Collector struct {
-	src Source
+	src   Source
+	descs map[string]*prometheus.Desc // by name without the vdiskfs_ prefix (families)
 }
 
 // NewCollector returns a Collector of src.
-func NewCollector(src Source) *Collector { return &Collector{src: src} }
-
-func desc(name, help string, labels ...string) *prometheus.Desc {
-	return prometheus.NewDesc("vdiskfs_"+name, help, labels, nil)
+func NewCollector(src Source) *Collector {
+	c := &Collector{src: src, descs: make(map[string]*prometheus.Desc, len(families))}
+	for _, f := range families {
+		c.descs[f.name] = prometheus.NewDesc("vdiskfs_"+f.name, f.help, f.labels, nil)
+	}
+	return c
 }
 
-var (
-	dRequests        = desc("requests_total", "Disk read and write requests (one per FUSE read or write).", "op")
-	dRequestBytes    = desc("request_bytes_total", "Bytes asked for by disk requests.", "op")
-	dRequestSize     = desc("request_size_bytes", "Size of disk requests.", "op")
-	dLookups         = desc("map_lookups_total", "Extent-map lookups of a request's block range.")
-	dLookupSegments  = desc("map_lookup_segments_total", "Data and hole segments returned by map lookups.")
-	dAllocations     = desc("map_allocations_total", "Allocations of new blocks for writes.")
-	dAllocatedBlocks = desc("map_allocated_blocks_total", "Blocks allocated for writes.")
-	dExtents         = desc("map_extents", "Extents held by all disk maps.")
-	dPieces          = desc("coalesce_pieces_total", "Mapped pieces handed to the coalescer.")
-	dRuns            = desc("coalesce_runs_total", "Backend runs the coalescer produced (one per contiguous stretch).")
-	dBackendIOs      = desc("backend_ios_total", "Backend I/Os.", "kind")
-	dBackendBytes    = desc("backend_bytes_total", "Backend bytes transferred.", "kind")
-	dBackendSize     = desc("backend_io_size_bytes", "Size of backend data I/Os.", "op")
-	dBackendLatency  = desc("backend_latency_seconds", "Latency of backend data I/Os.", "op")
-	dBackendErrors   = desc("backend_errors_total", "Backend errors.")
-	dDurableWrites   = desc("backend_durable_writes_total", "Data writes made durable on their own (FUA), for synchronous overwrites; counted in backend_ios_total too.")
-	dFlushes         = desc("backend_flushes_total", "Backend flushes (cache flush / fdatasync).")
-	dFlushLatency    = desc("backend_flush_latency_seconds", "Latency of backend flushes.")
-	dDiscards        = desc("backend_discards_total", "Discards passed down for freed blocks.")
-	dPreparedBytes   = desc("backend_prepared_bytes_total", "Zeros written over free blocks of a store file ahead of their first use, so that first writes are overwrites for its host file system.")
-	dCommits         = desc("journal_commits_total", "Journal commits written.")
-	dUnflushed       = desc("journal_unflushed_commits_total", "Journal commits of times alone written by the commit timer without a flush (durable with the next flush).")
-	dJournalBytes    = desc("journal_bytes_total", "Journal bytes written.")
-	dCommitLatency   = desc("journal_commit_latency_seconds", "Latency of a whole commit (flush, write, flush).")
-	dCheckpoints     = desc("checkpoints_total", "Checkpoints written.")
-	dCapacity        = desc("capacity_bytes", "Bytes of the data region.")
-	dFree            = desc("free_bytes", "Free bytes, including blocks waiting for a commit.")
-	dLargestFree     = desc("largest_free_extent_bytes", "Largest free extent.")
-	dReserved        = desc("reserved_bytes", "Free bytes held by disks' allocation units (placement of their next small first writes; given up when space is short).")
-	dDiskSize        = desc("disk_size_bytes", "Disk size.", "disk")
-	dDiskAllocated   = desc("disk_allocated_bytes", "Bytes of blocks a disk maps.", "disk")
-	dDiskExtents     = desc("disk_extents", "Extents of a disk's map.", "disk")
-	dDiskRequests    = desc("disk_requests_total", "Requests per disk.", "disk", "op")
-	dDiskBytes       = desc("disk_request_bytes_total", "Request bytes per disk.", "disk", "op")
-	dFUSELatency     = desc("fuse_request_latency_seconds", "Latency of FUSE requests by operation.", "op")
-	dPlanDeclines    = desc("plan_declines_total", "Requests a door's queue thread could not plan without waiting, by reason; they were served on the path that may block (image.Decline).", "reason")
-	dStoreFailed     = desc("store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.")
-)
-
-var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
-	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
-	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dPreparedBytes, dCommits, dUnflushed, dJournalBytes, dCommitLatency, dCheckpoints,
-	dCapacity, dFree, dLargestFree, dReserved, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dPlanDeclines, dStoreFailed}
+// families are the metric families a Collector exports: name (without
+// the vdiskfs_ prefix), help, and variable labels.
+var families = []struct {
+	name, help string
+	labels     []string
+}{
+	{"requests_total", "Disk read and write requests (one per FUSE read or write).", []string{"op"}},
+	{"request_bytes_total", "Bytes asked for by disk requests.", []string{"op"}},
+	{"request_size_bytes", "Size of disk requests.", []string{"op"}},
+	{"map_lookups_total", "Extent-map lookups of a request's block range.", nil},
+	{"map_lookup_segments_total", "Data and hole segments returned by map lookups.", nil},
+	{"map_allocations_total", "Allocations of new blocks for writes.", nil},
+	{"map_allocated_blocks_total", "Blocks allocated for writes.", nil},
+	{"map_extents", "Extents held by all disk maps.", nil},
+	{"coalesce_pieces_total", "Mapped pieces handed to the coalescer.", nil},
+	{"coalesce_runs_total", "Backend runs the coalescer produced (one per contiguous stretch).", nil},
+	{"backend_ios_total", "Backend I/Os.", []string{"kind"}},
+	{"backend_bytes_total", "Backend bytes transferred.", []string{"kind"}},
+	{"backend_io_size_bytes", "Size of backend data I/Os.", []string{"op"}},
+	{"backend_latency_seconds", "Latency of backend data I/Os.", []string{"op"}},
+	{"backend_errors_total", "Backend errors.", nil},
+	{"backend_durable_writes_total", "Data writes made durable on their own (FUA), for synchronous overwrites; counted in backend_ios_total too.", nil},
+	{"backend_flushes_total", "Backend flushes (cache flush / fdatasync).", nil},
+	{"backend_flush_latency_seconds", "Latency of backend flushes.", nil},
+	{"backend_discards_total", "Discards passed down for freed blocks.", nil},
+	{"backend_prepared_bytes_total", "Zeros written over free blocks of a store file ahead of their first use, so that first writes are overwrites for its host file system.", nil},
+	{"journal_commits_total", "Journal commits written.", nil},
+	{"journal_unflushed_commits_total", "Journal commits of times alone written by the commit timer without a flush (durable with the next flush).", nil},
+	{"journal_bytes_total", "Journal bytes written.", nil},
+	{"journal_commit_latency_seconds", "Latency of a whole commit (flush, write, flush).", nil},
+	{"checkpoints_total", "Checkpoints written.", nil},
+	{"capacity_bytes", "Bytes of the data region.", nil},
+	{"free_bytes", "Free bytes, including blocks waiting for a commit.", nil},
+	{"largest_free_extent_bytes", "Largest free extent.", nil},
+	{"reserved_bytes", "Free bytes held by disks' allocation units (placement of their next small first writes; given up when space is short).", nil},
+	{"disk_size_bytes", "Disk size.", []string{"disk"}},
+	{"disk_allocated_bytes", "Bytes of blocks a disk maps.", []string{"disk"}},
+	{"disk_extents", "Extents of a disk's map.", []string{"disk"}},
+	{"disk_requests_total", "Requests per disk.", []string{"disk", "op"}},
+	{"disk_request_bytes_total", "Request bytes per disk.", []string{"disk", "op"}},
+	{"fuse_request_latency_seconds", "Latency of FUSE requests by operation.", []string{"op"}},
+	{"plan_declines_total", "Requests a door's queue thread could not plan without waiting, by reason; they were served on the path that may block (image.Decline).", []string{"reason"}},
+	{"store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.", nil},
+}
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range allDescs {
+	for _, d := range c.descs {
 		ch <- d
 	}
 }
@@ -75,78 +78,78 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	m := c.src.Metrics()
 	k := m.Counters
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	counter := func(name string, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, float64(v), labels...)
 	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	gauge := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.GaugeValue, v, labels...)
 	}
-	hist := func(d *prometheus.Desc, name string, labels ...string) {
-		if h, ok := m.Histograms[name]; ok {
-			ch <- constHistogram(d, h, labels...)
+	hist := func(name, snapshot string, labels ...string) {
+		if h, ok := m.Histograms[snapshot]; ok {
+			ch <- constHistogram(c.descs[name], h, labels...)
 		}
 	}
-	counter(dRequests, k.ReadRequests, "read")
-	counter(dRequests, k.WriteRequests, "write")
-	counter(dRequestBytes, k.ReadRequestBytes, "read")
-	counter(dRequestBytes, k.WriteRequestBytes, "write")
-	hist(dRequestSize, "read_request_size_bytes", "read")
-	hist(dRequestSize, "write_request_size_bytes", "write")
-	counter(dLookups, k.Lookups)
-	counter(dLookupSegments, k.LookupSegments)
-	counter(dAllocations, k.Allocations)
-	counter(dAllocatedBlocks, k.AllocatedBlocks)
-	gauge(dExtents, float64(m.Extents))
-	counter(dPieces, k.CoalescePieces)
-	counter(dRuns, k.CoalesceRuns)
-	counter(dBackendIOs, k.DataReads, "data_read")
-	counter(dBackendIOs, k.DataWrites, "data_write")
-	counter(dBackendIOs, k.MetaReads, "meta_read")
-	counter(dBackendIOs, k.MetaWrites, "meta_write")
-	counter(dBackendBytes, k.DataReadBytes, "data_read")
-	counter(dBackendBytes, k.DataWriteBytes, "data_write")
-	counter(dBackendBytes, k.MetaReadBytes, "meta_read")
-	counter(dBackendBytes, k.MetaWriteBytes, "meta_write")
-	hist(dBackendSize, "data_read_size_bytes", "read")
-	hist(dBackendSize, "data_write_size_bytes", "write")
-	hist(dBackendLatency, "data_read_latency_seconds", "read")
-	hist(dBackendLatency, "data_write_latency_seconds", "write")
-	counter(dBackendErrors, k.Errors)
-	counter(dDurableWrites, k.DurableWrites)
-	counter(dFlushes, k.Flushes)
-	hist(dFlushLatency, "flush_latency_seconds")
-	counter(dDiscards, k.Discards)
-	counter(dPreparedBytes, k.PreparedBytes)
-	counter(dCommits, k.Commits)
-	counter(dUnflushed, k.UnflushedCommits)
-	counter(dJournalBytes, k.JournalBytes)
-	hist(dCommitLatency, "journal_commit_latency_seconds")
-	counter(dCheckpoints, k.Checkpoints)
+	counter("requests_total", k.ReadRequests, "read")
+	counter("requests_total", k.WriteRequests, "write")
+	counter("request_bytes_total", k.ReadRequestBytes, "read")
+	counter("request_bytes_total", k.WriteRequestBytes, "write")
+	hist("request_size_bytes", "read_request_size_bytes", "read")
+	hist("request_size_bytes", "write_request_size_bytes", "write")
+	counter("map_lookups_total", k.Lookups)
+	counter("map_lookup_segments_total", k.LookupSegments)
+	counter("map_allocations_total", k.Allocations)
+	counter("map_allocated_blocks_total", k.AllocatedBlocks)
+	gauge("map_extents", float64(m.Extents))
+	counter("coalesce_pieces_total", k.CoalescePieces)
+	counter("coalesce_runs_total", k.CoalesceRuns)
+	counter("backend_ios_total", k.DataReads, "data_read")
+	counter("backend_ios_total", k.DataWrites, "data_write")
+	counter("backend_ios_total", k.MetaReads, "meta_read")
+	counter("backend_ios_total", k.MetaWrites, "meta_write")
+	counter("backend_bytes_total", k.DataReadBytes, "data_read")
+	counter("backend_bytes_total", k.DataWriteBytes, "data_write")
+	counter("backend_bytes_total", k.MetaReadBytes, "meta_read")
+	counter("backend_bytes_total", k.MetaWriteBytes, "meta_write")
+	hist("backend_io_size_bytes", "data_read_size_bytes", "read")
+	hist("backend_io_size_bytes", "data_write_size_bytes", "write")
+	hist("backend_latency_seconds", "data_read_latency_seconds", "read")
+	hist("backend_latency_seconds", "data_write_latency_seconds", "write")
+	counter("backend_errors_total", k.Errors)
+	counter("backend_durable_writes_total", k.DurableWrites)
+	counter("backend_flushes_total", k.Flushes)
+	hist("backend_flush_latency_seconds", "flush_latency_seconds")
+	counter("backend_discards_total", k.Discards)
+	counter("backend_prepared_bytes_total", k.PreparedBytes)
+	counter("journal_commits_total", k.Commits)
+	counter("journal_unflushed_commits_total", k.UnflushedCommits)
+	counter("journal_bytes_total", k.JournalBytes)
+	hist("journal_commit_latency_seconds", "journal_commit_latency_seconds")
+	counter("checkpoints_total", k.Checkpoints)
 	bs := float64(m.BlockSize)
-	gauge(dCapacity, float64(m.DataBlocks)*bs)
-	gauge(dFree, float64(m.FreeBlocks)*bs)
-	gauge(dLargestFree, float64(m.LargestFreeBlock)*bs)
-	gauge(dReserved, float64(m.ReservedBlocks)*bs)
+	gauge("capacity_bytes", float64(m.DataBlocks)*bs)
+	gauge("free_bytes", float64(m.FreeBlocks)*bs)
+	gauge("largest_free_extent_bytes", float64(m.LargestFreeBlock)*bs)
+	gauge("reserved_bytes", float64(m.ReservedBlocks)*bs)
 	for _, d := range m.Disks {
-		gauge(dDiskSize, float64(d.Size), d.Name)
-		gauge(dDiskAllocated, float64(d.Allocated), d.Name)
-		gauge(dDiskExtents, float64(d.Extents), d.Name)
-		counter(dDiskRequests, d.ReadRequests, d.Name, "read")
-		counter(dDiskRequests, d.WriteRequests, d.Name, "write")
-		counter(dDiskBytes, d.ReadRequestBytes, d.Name, "read")
-		counter(dDiskBytes, d.WriteRequestBytes, d.Name, "write")
+		gauge("disk_size_bytes", float64(d.Size), d.Name)
+		gauge("disk_allocated_bytes", float64(d.Allocated), d.Name)
+		gauge("disk_extents", float64(d.Extents), d.Name)
+		counter("disk_requests_total", d.ReadRequests, d.Name, "read")
+		counter("disk_requests_total", d.WriteRequests, d.Name, "write")
+		counter("disk_request_bytes_total", d.ReadRequestBytes, d.Name, "read")
+		counter("disk_request_bytes_total", d.WriteRequestBytes, d.Name, "write")
 	}
 	for _, r := range image.DeclineReasons() {
-		counter(dPlanDeclines, k.PlanDeclines[r], r)
+		counter("plan_declines_total", k.PlanDeclines[r], r)
 	}
 	for op, h := range c.src.OpMetrics() {
-		ch <- constHistogram(dFUSELatency, h, op)
+		ch <- constHistogram(c.descs["fuse_request_latency_seconds"], h, op)
 	}
 	failed := 0.0
 	if m.Failed {
 		failed = 1
 	}
-	gauge(dStoreFailed, failed)
+	gauge("store_failed", failed)
 }
 
 // constHistogram converts a snapshot (per-bucket counts) to Prometheus'

@@ -42,12 +42,7 @@ func runReport(t *testing.T, js string, args ...string) *report {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	f, err := os.Open(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rep, err := readReport(f)
+	rep, err := readReportFile(js)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,12 +139,7 @@ func TestBinaryTargets(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	f, err := os.Open(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := readReport(f)
-	f.Close()
+	rep, err := readReportFile(js)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -249,15 +249,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	if o.fromJSON != "" {
-		f, err := os.Open(o.fromJSON)
+		rep, err := readReportFile(o.fromJSON)
 		if err != nil {
 			fmt.Fprintf(stderr, "compare: %v\n", err)
-			return exitFailed
-		}
-		rep, err := readReport(f)
-		f.Close()
-		if err != nil {
-			fmt.Fprintf(stderr, "compare: %s: %v\n", o.fromJSON, err)
 			return exitFailed
 		}
 		if err := writeOutputs(rep, o, stdout); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -264,6 +265,20 @@ func readReport(rd io.Reader) (*report, error) {
 	}
 	r.Results = aggregate(r.Runs, r.workloadNames(), r.Targets, r.Baseline)
 	return &r, nil
+}
+
+// readReportFile is readReport of the file at path (--from-json).
+func readReportFile(path string) (*report, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	rep, err := readReport(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return rep, nil
 }
 
 // fmtSize prints a byte count with a binary suffix.
