@@ -250,6 +250,10 @@ func (q *Queue) Kick() error {
 	return nil
 }
 
+// Completed says whether the device has completed requests that Poll
+// has not reported yet.
+func (q *Queue) Completed() bool { return q.usedIdx() != q.lastUsed }
+
 // usedIdx is the device's used index.
 func (q *Queue) usedIdx() uint16 { return uint16(atomic.LoadUint32(word(q.used, 0)) >> 16) }
 

@@ -26,7 +26,8 @@ type Queue interface {
 	// byte offset off.
 	Submit(slot int, write bool, off int64) error
 	// Flush hands what Submit queued to the device and, with wait,
-	// sleeps until at least one request completes (or a bound passes).
+	// sleeps until at least one request completes (or a bound passes),
+	// returning at once when one has completed already.
 	Flush(wait bool) error
 	// Reap calls fn for every completed request and returns how many;
 	// a request that failed or moved fewer bytes than asked is an error.
@@ -160,6 +161,8 @@ func Run(ctx context.Context, e Engine, s Shape, size int64) (Result, error) {
 		if inFlight == 0 {
 			break
 		}
+		// Reap what is ready first; submit the new requests and wait only
+		// when nothing is (one system call for both).
 		n, err := q.Reap(onDone)
 		if err != nil {
 			return res, err

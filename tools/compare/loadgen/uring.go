@@ -11,7 +11,8 @@ import (
 
 // File is an Engine on a plain file or block device: O_DIRECT reads and
 // writes through an io_uring of the queue's depth, as fio's io_uring
-// engine does without its options.
+// engine does without its options. Its Queue must stay on the thread that
+// opened it (Run locks it).
 type File struct {
 	Path string
 }
@@ -30,9 +31,13 @@ func (f File) Open(depth, bs int) (Queue, error) {
 		return nil, fmt.Errorf("open %s: %w", f.Path, err)
 	}
 	q := &fileQueue{fd: fd, bs: bs}
-	if q.ring, err = iouring.Setup(uint32(depth), 0, 0); err != nil {
-		unix.Close(fd)
-		return nil, err
+	// As fio's io_uring engine sets its ring up: one issuer, completion
+	// work run when the issuer waits (the caller's thread is locked).
+	if q.ring, err = iouring.Setup(uint32(depth), 0, iouring.SetupSingleIssuer|iouring.SetupDeferTaskrun); err != nil {
+		if q.ring, err = iouring.Setup(uint32(depth), 0, 0); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
 	}
 	if q.mem, err = unix.Mmap(-1, 0, depth*bs, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
 		q.Close()

@@ -68,7 +68,7 @@ func (q *vhostQueue) Flush(wait bool) error {
 	if err := q.q.Kick(); err != nil {
 		return err
 	}
-	if !wait {
+	if !wait || q.q.Completed() {
 		return nil
 	}
 	_, err := q.q.Wait(time.Second)
