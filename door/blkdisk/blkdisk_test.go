@@ -2,6 +2,7 @@ package blkdisk
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vdiskfs/vdiskfs/door"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
@@ -374,5 +376,105 @@ func TestReconnect(t *testing.T) {
 	cfg, err := d.RefreshConfig()
 	if err != nil || cfg.Capacity != 2*diskSize/512 {
 		t.Fatalf("config after resize: %+v, %v", cfg, err)
+	}
+}
+
+// gatedDisk holds every write at a gate until released (then fails it
+// without writing), and plans nothing: a server that hangs with requests
+// taken, as one killed with -9 leaves them.
+type gatedDisk struct {
+	*Disk
+	gate chan struct{}
+}
+
+func (g *gatedDisk) NewIO(cq door.Completions) blk.IO { return declineIO{} }
+
+func (g *gatedDisk) WriteAt(p []byte, off int64) (int, error) {
+	<-g.gate
+	return 0, errors.New("gated")
+}
+
+type declineIO struct{}
+
+func (declineIO) Start([]byte, int64, bool, int) bool { return false }
+func (declineIO) Plan() door.Plan                     { return nil }
+func (declineIO) End(bool)                            {}
+
+// TestInflightResubmit: a server takes writes and never completes them;
+// a new server on the same socket, handed the inflight region by the
+// frontend's reconnect, resubmits and completes them, and the disk holds
+// them.
+func TestInflightResubmit(t *testing.T) {
+	tc := newMemCase(t)
+	if err := tc.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedDisk{Disk: New(tc.store, tc.disk), gate: make(chan struct{})}
+	hung, err := blk.Serve(g, blk.Config{Socket: tc.socket, ID: "vm0", Queues: 2, SocketGroup: -1, Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := tc.dial(frontend.Options{})
+	t.Cleanup(func() { // after the frontend is gone (cleanups run last first)
+		close(g.gate)
+		hung.Close()
+	})
+	q := d.Queues()[1]
+	const n = 4
+	buf := alloc(t, d, n*4096, 4096)
+	for i := range n {
+		b := buf.Slice(i*4096, 4096)
+		for j := range b.Bytes {
+			b.Bytes[j] = byte(i + 1)
+		}
+		if err := q.Submit(frontend.Request{Type: proto.BlkTOut, Sector: uint64(8 * i), Data: []frontend.Buffer{b}, Tag: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.Kick(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(wait); hung.Stats().Inflight != n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server took %d of %d requests", hung.Stats().Inflight, n)
+		}
+	}
+	// The hung server's socket goes, as a dead daemon's does; a new one
+	// listens there.
+	if err := os.Remove(tc.socket); err != nil {
+		t.Fatal(err)
+	}
+	tc.serve()
+	if err := d.Reconnect(); err != nil {
+		t.Fatal(err)
+	}
+	done := 0
+	for deadline := time.Now().Add(wait); done < n && time.Now().Before(deadline); {
+		if _, err := q.Poll(func(c frontend.Completion) {
+			if c.Status != proto.BlkSOK {
+				t.Errorf("request %d: status %d", c.Tag, c.Status)
+			}
+			done++
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if done < n {
+			q.Wait(100 * time.Millisecond)
+		}
+	}
+	if done != n {
+		t.Fatalf("%d of %d requests completed after the restart", done, n)
+	}
+	if st := tc.srv.Stats(); st.Resubmitted != n || st.Write.Requests != n {
+		t.Errorf("new server's stats %+v", st)
+	}
+	got := make([]byte, n*4096)
+	if _, err := tc.disk.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != byte(i/4096+1) {
+			t.Fatalf("byte %d is %d after the resubmission", i, got[i])
+		}
 	}
 }
