@@ -144,6 +144,27 @@ func alloc(t testing.TB, d *frontend.Device, n, align int) frontend.Buffer {
 	return b
 }
 
+// collectOK polls q until n requests completed (or the wait bound passed),
+// each with status OK, and returns how many did.
+func collectOK(t testing.TB, q *frontend.Queue, n int) int {
+	t.Helper()
+	done := 0
+	for deadline := time.Now().Add(wait); done < n && time.Now().Before(deadline); {
+		if _, err := q.Poll(func(c frontend.Completion) {
+			if c.Status != proto.BlkSOK {
+				t.Errorf("request %d: status %d", c.Tag, c.Status)
+			}
+			done++
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if done < n {
+			q.Wait(100 * time.Millisecond)
+		}
+	}
+	return done
+}
+
 // split cuts b into pieces of at most seg bytes.
 func split(b frontend.Buffer, seg int) []frontend.Buffer {
 	var out []frontend.Buffer
@@ -343,22 +364,7 @@ func TestReconnect(t *testing.T) {
 	if err := q.Kick(); err != nil {
 		t.Fatal(err)
 	}
-	done := 0
-	deadline := time.Now().Add(wait)
-	for done < 4 && time.Now().Before(deadline) {
-		if _, err := q.Poll(func(c frontend.Completion) {
-			if c.Status != proto.BlkSOK {
-				t.Errorf("request %d: status %d", c.Tag, c.Status)
-			}
-			done++
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if done < 4 {
-			q.Wait(100 * time.Millisecond)
-		}
-	}
-	if done != 4 {
+	if done := collectOK(t, q, 4); done != 4 {
 		t.Fatalf("%d of 4 requests completed after the reconnect", done)
 	}
 	if st := tc.srv.Stats(); st.Connects != 1 || st.Write.Requests != 4 {
@@ -448,21 +454,7 @@ func TestInflightResubmit(t *testing.T) {
 	if err := d.Reconnect(); err != nil {
 		t.Fatal(err)
 	}
-	done := 0
-	for deadline := time.Now().Add(wait); done < n && time.Now().Before(deadline); {
-		if _, err := q.Poll(func(c frontend.Completion) {
-			if c.Status != proto.BlkSOK {
-				t.Errorf("request %d: status %d", c.Tag, c.Status)
-			}
-			done++
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if done < n {
-			q.Wait(100 * time.Millisecond)
-		}
-	}
-	if done != n {
+	if done := collectOK(t, q, n); done != n {
 		t.Fatalf("%d of %d requests completed after the restart", done, n)
 	}
 	if st := tc.srv.Stats(); st.Resubmitted != n || st.Write.Requests != n {

@@ -125,10 +125,9 @@ func (o *owner) stop() {
 func (o *owner) finish(r *request) {
 	o.mu.Lock()
 	o.mu.done = append(o.mu.done, r)
-	wake := o.mu.sleeping
-	o.mu.sleeping = false
+	sleeping := o.mu.sleeping // the owner clears it when it wakes
 	o.mu.Unlock()
-	if wake {
+	if sleeping {
 		iouring.Notify(o.efd)
 	}
 }
@@ -187,16 +186,16 @@ func (o *owner) serve(rg *iouring.Ring) {
 			return
 		}
 		o.arm(rg)
+		// Sleep unless there is more to do now; a worker that finishes a
+		// request meanwhile wakes a sleeping owner (finish).
 		o.mu.Lock()
-		wait := !more && len(o.mu.done) == 0 && !(o.mu.stop && !o.stopping)
-		o.mu.sleeping = wait
+		sleep := !more && len(o.mu.done) == 0 && o.mu.stop == o.stopping
+		o.mu.sleeping = sleep
 		o.mu.Unlock()
-		o.enter(rg, wait)
-		if wait {
-			o.mu.Lock()
-			o.mu.sleeping = false
-			o.mu.Unlock()
-		}
+		o.enter(rg, sleep)
+		o.mu.Lock()
+		o.mu.sleeping = false
+		o.mu.Unlock()
 		rg.Reap(func(c iouring.CQE) {
 			switch c.UserData {
 			case kickTag:
@@ -239,10 +238,9 @@ func (o *owner) room(rg *iouring.Ring, n uint32) {
 }
 
 func (o *owner) enter(rg *iouring.Ring, wait bool) {
-	err := rg.Enter(wait)
-	if err != nil && err != unix.EINTR && err != unix.EAGAIN && err != unix.EBUSY {
-		// The ring's memory is broken and the kernel may still write
-		// guest memory through it: neither going on nor stopping is safe.
+	// A broken ring's memory may still be written by the kernel into
+	// guest memory: neither going on nor stopping is safe.
+	if err := rg.Enter(wait); err != nil && !iouring.Transient(err) {
 		panic(fmt.Sprintf("vhost-user queue %d: io_uring_enter: %v", o.q.Index, err))
 	}
 }

@@ -5,22 +5,12 @@ import (
 	"fmt"
 	"sort"
 	"sync/atomic"
+
+	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
 
-// Split ring layout (virtio 1.2, 2.7): part of the virtio format.
-const (
-	descSize = 16 // struct virtq_desc: addr u64, len u32, flags u16, next u16
-
-	descFNext     = 1 // VIRTQ_DESC_F_NEXT
-	descFWrite    = 2 // VIRTQ_DESC_F_WRITE
-	descFIndirect = 4 // VIRTQ_DESC_F_INDIRECT
-
-	availFNoInterrupt = 1 // VIRTQ_AVAIL_F_NO_INTERRUPT
-	usedFNoNotify     = 1 // VIRTQ_USED_F_NO_NOTIFY
-
-	// MaxSize is the largest split ring (virtio 1.2: Queue Size ≤ 32768).
-	MaxSize = 32768
-)
+// MaxSize is the largest split ring (virtio 1.2: Queue Size ≤ 32768).
+const MaxSize = proto.MaxQueueSize
 
 // Options are what the device and the negotiated features allow.
 type Options struct {
@@ -89,7 +79,7 @@ type Ring struct {
 // NewRing returns the ring at a in mem.
 func NewRing(mem *Memory, a Addrs, o Options) (*Ring, error) {
 	n := uint64(a.Size)
-	if n == 0 || n > MaxSize || n&(n-1) != 0 {
+	if !proto.ValidQueueSize(int(n)) {
 		return nil, fmt.Errorf("ring size %d: %w", n, ErrBadRing)
 	}
 	if a.LogUsed {
@@ -101,7 +91,7 @@ func NewRing(mem *Memory, a Addrs, o Options) (*Ring, error) {
 	}
 	r := &Ring{mem: mem, size: a.Size, o: o, lastAvail: a.LastAvail}
 	var ok1, ok2, ok3 bool
-	r.desc, ok1 = tr(a.Desc, descSize*n)
+	r.desc, ok1 = tr(a.Desc, proto.DescSize*n)
 	r.avail, ok2 = tr(a.Avail, 6+2*n) // flags, idx, ring[n], used_event
 	r.used, ok3 = tr(a.Used, 6+8*n)   // flags, idx, ring[n]{id, len}, avail_event
 	if !ok1 || !ok2 || !ok3 {
@@ -180,21 +170,21 @@ func (r *Ring) walk(c *Chain) error {
 	i := c.Head
 	indirect := false
 	for seen := 0; ; seen++ {
-		if seen >= len(table)/descSize {
-			return fmt.Errorf("head %d: a loop, or more descriptors than the table's %d: %w", c.Head, len(table)/descSize, ErrBadChain)
+		if seen >= len(table)/proto.DescSize {
+			return fmt.Errorf("head %d: a loop, or more descriptors than the table's %d: %w", c.Head, len(table)/proto.DescSize, ErrBadChain)
 		}
-		d := table[int(i)*descSize : int(i+1)*descSize]
+		d := table[int(i)*proto.DescSize : int(i+1)*proto.DescSize]
 		addr := binary.LittleEndian.Uint64(d)
 		n := binary.LittleEndian.Uint32(d[8:])
 		flags := binary.LittleEndian.Uint16(d[12:])
 		next := binary.LittleEndian.Uint16(d[14:])
-		if flags&descFIndirect != 0 {
+		if flags&proto.DescFIndirect != 0 {
 			switch {
 			case !r.o.Indirect:
 				return fmt.Errorf("head %d: indirect descriptor not negotiated: %w", c.Head, ErrBadChain)
-			case indirect || seen > 0 || flags&descFNext != 0:
+			case indirect || seen > 0 || flags&proto.DescFNext != 0:
 				return fmt.Errorf("head %d: indirect descriptor not alone at the head: %w", c.Head, ErrBadChain)
-			case n == 0 || n%descSize != 0 || n/descSize > MaxSize:
+			case n == 0 || n%proto.DescSize != 0 || n/proto.DescSize > MaxSize:
 				return fmt.Errorf("head %d: indirect table of %d bytes: %w", c.Head, n, ErrBadChain)
 			}
 			t, ok := r.mem.Guest(addr, uint64(n))
@@ -205,15 +195,15 @@ func (r *Ring) walk(c *Chain) error {
 			continue
 		}
 		if n > 0 {
-			if err := r.add(c, addr, n, flags&descFWrite != 0); err != nil {
+			if err := r.add(c, addr, n, flags&proto.DescFWrite != 0); err != nil {
 				return err
 			}
 		}
-		if flags&descFNext == 0 {
+		if flags&proto.DescFNext == 0 {
 			break
 		}
-		if int(next) >= len(table)/descSize {
-			return fmt.Errorf("head %d: next %d past the table's %d: %w", c.Head, next, len(table)/descSize, ErrBadChain)
+		if int(next) >= len(table)/proto.DescSize {
+			return fmt.Errorf("head %d: next %d past the table's %d: %w", c.Head, next, len(table)/proto.DescSize, ErrBadChain)
 		}
 		i = next
 	}
@@ -293,19 +283,15 @@ func (r *Ring) Push(head uint16, written uint32) {
 func (r *Ring) NeedSignal() bool {
 	r.fence.Add(1) // the used index stored before the driver's event is loaded
 	if !r.o.EventIdx {
-		return load16(r.avail)&availFNoInterrupt == 0
+		return load16(r.avail)&proto.AvailFNoInterrupt == 0
 	}
 	old, valid := r.signalledUsed, r.signalledValid
 	r.signalledUsed, r.signalledValid = r.usedIdx, true
 	if !valid {
 		return true
 	}
-	return needEvent(load16(r.avail[4+2*uint64(r.size):]), r.usedIdx, old)
+	return proto.NeedEvent(load16(r.avail[4+2*uint64(r.size):]), r.usedIdx, old)
 }
-
-// needEvent is vring_need_event: whether moving an index from old to new
-// passed event.
-func needEvent(event, new, old uint16) bool { return new-event-1 < new-old }
 
 // EnableNotify asks the driver to kick for the next entry it makes
 // available (avail_event, or clearing NO_NOTIFY) and says whether entries
@@ -313,8 +299,8 @@ func needEvent(event, new, old uint16) bool { return new-event-1 < new-old }
 func (r *Ring) EnableNotify() bool {
 	if r.o.EventIdx {
 		store16(r.used[4+8*uint64(r.size):], r.lastAvail)
-	} else if r.usedFlags&usedFNoNotify != 0 {
-		r.usedFlags &^= usedFNoNotify
+	} else if r.usedFlags&proto.UsedFNoNotify != 0 {
+		r.usedFlags &^= proto.UsedFNoNotify
 		store16(r.used, r.usedFlags)
 	}
 	r.fence.Add(1) // the store above before the avail index's load
@@ -324,8 +310,8 @@ func (r *Ring) EnableNotify() bool {
 // DisableNotify tells the driver that kicks are not needed while the
 // device is busy (without EVENT_IDX; with it, avail_event stays behind).
 func (r *Ring) DisableNotify() {
-	if !r.o.EventIdx && r.usedFlags&usedFNoNotify == 0 {
-		r.usedFlags |= usedFNoNotify
+	if !r.o.EventIdx && r.usedFlags&proto.UsedFNoNotify == 0 {
+		r.usedFlags |= proto.UsedFNoNotify
 		store16(r.used, r.usedFlags)
 	}
 }
