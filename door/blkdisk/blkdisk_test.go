@@ -470,3 +470,30 @@ func TestInflightResubmit(t *testing.T) {
 		}
 	}
 }
+
+// TestBadDescriptors: requests whose buffers lie outside the shared
+// memory, overlap, or come in the wrong direction are answered IOERR and
+// counted; the queue goes on serving good requests.
+func TestBadDescriptors(t *testing.T) {
+	tc := newMemCase(t)
+	d := tc.dial(frontend.Options{})
+	q := d.Queues()[0]
+	good := alloc(t, d, 8192, 4096)
+	outside := frontend.Buffer{Addr: 1 << 40, Bytes: good.Bytes[:4096]}
+	wraps := frontend.Buffer{Addr: ^uint64(0) - 100, Bytes: good.Bytes[:4096]}
+	for i, data := range [][]frontend.Buffer{
+		{outside},
+		{good.Slice(0, 4096), wraps},
+		{good.Slice(0, 4096), good.Slice(2048, 4096)}, // overlap
+	} {
+		for _, typ := range []uint32{proto.BlkTIn, proto.BlkTOut} {
+			if c := do(t, q, frontend.Request{Type: typ, Sector: 0, Data: data, Tag: uint64(i)}); c.Status != proto.BlkSIOErr {
+				t.Errorf("case %d type %d: status %d, want IOERR", i, typ, c.Status)
+			}
+		}
+	}
+	mustOK(t, q, frontend.Request{Type: proto.BlkTOut, Sector: 0, Data: []frontend.Buffer{good}, Tag: 9})
+	if st := tc.srv.Stats(); st.Bad != 6 {
+		t.Errorf("%d bad requests counted, want 6", st.Bad)
+	}
+}

@@ -135,8 +135,8 @@ func (r *Ring) Pending() (int, error) {
 // Pop takes the next chain: first one to resubmit (Inflight), else the
 // next available. False when there is none. An error wrapping ErrBadRing
 // breaks the ring (nothing was taken); one wrapping ErrBadChain means the
-// head c.Head was taken but its chain is bad: c holds what was walked
-// before the fault, and the head must still be Pushed.
+// head c.Head was taken but its chain is bad: c holds the good buffers
+// walked (package doc), and the head must still be Pushed.
 func (r *Ring) Pop(c *Chain) (bool, error) {
 	if k := len(r.resubmit); k > 0 {
 		c.Head = r.resubmit[k-1]
@@ -169,6 +169,7 @@ func (r *Ring) walk(c *Chain) error {
 	table := r.desc
 	i := c.Head
 	indirect := false
+	var bad error // the first bad buffer
 	for seen := 0; ; seen++ {
 		if seen >= len(table)/proto.DescSize {
 			return fmt.Errorf("head %d: a loop, or more descriptors than the table's %d: %w", c.Head, len(table)/proto.DescSize, ErrBadChain)
@@ -195,8 +196,10 @@ func (r *Ring) walk(c *Chain) error {
 			continue
 		}
 		if n > 0 {
-			if err := r.add(c, addr, n, flags&proto.DescFWrite != 0); err != nil {
-				return err
+			// A bad buffer does not end the walk: the rest of the
+			// chain still gives the device the status byte to answer in.
+			if err := r.add(c, addr, n, flags&proto.DescFWrite != 0); err != nil && bad == nil {
+				bad = err
 			}
 		}
 		if flags&proto.DescFNext == 0 {
@@ -206,6 +209,9 @@ func (r *Ring) walk(c *Chain) error {
 			return fmt.Errorf("head %d: next %d past the table's %d: %w", c.Head, next, len(table)/proto.DescSize, ErrBadChain)
 		}
 		i = next
+	}
+	if bad != nil {
+		return bad
 	}
 	return checkOverlap(c)
 }
