@@ -384,8 +384,11 @@ func (s *session) setInflight(m proto.Message) error {
 	}
 	per := virtq.InflightQueueSize(in.QueueSize)
 	if in.NumQueues == 0 || !proto.ValidQueueSize(int(in.QueueSize)) ||
-		in.MmapSize < uint64(per)*uint64(in.NumQueues) || in.MmapSize > 1<<30 || in.MmapOffset%uint64(unix.Getpagesize()) != 0 {
+		in.MmapSize < uint64(per)*uint64(in.NumQueues) || in.MmapSize > 1<<30 || in.MmapOffset > 1<<48 || in.MmapOffset%uint64(unix.Getpagesize()) != 0 {
 		return fmt.Errorf("inflight region of %d bytes for %d queues of %d: %w", in.MmapSize, in.NumQueues, in.QueueSize, ErrProtocol)
+	}
+	if err := fileHolds(m.FDs[0], in.MmapOffset+in.MmapSize); err != nil {
+		return fmt.Errorf("inflight region: %w", err)
 	}
 	b, err := unix.Mmap(m.FDs[0], int64(in.MmapOffset), int(in.MmapSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
