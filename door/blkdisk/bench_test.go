@@ -40,7 +40,7 @@ func BenchmarkIO(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				fallbacks := tc.srv.Stats().Fallbacks
+				before := tc.srv.Stats()
 				b.SetBytes(int64(c.size))
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -72,7 +72,9 @@ func BenchmarkIO(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				b.ReportMetric(float64(tc.srv.Stats().Fallbacks-fallbacks)/float64(b.N), "fallbacks/op")
+				after := tc.srv.Stats()
+				b.ReportMetric(float64(after.Fallbacks-before.Fallbacks)/float64(b.N), "fallbacks/op")
+				b.ReportMetric(float64(after.Held-before.Held)/float64(b.N), "held/op")
 				for _, buf := range bufs {
 					d.Free(buf)
 				}

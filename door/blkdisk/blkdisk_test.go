@@ -234,6 +234,9 @@ func TestReadWrite(t *testing.T) {
 					segs = split(buf, ((sh.n+q.MaxSegments()-1)/q.MaxSegments()+4095)&^4095)
 				}
 				mustOK(t, q, frontend.Request{Type: proto.BlkTOut, Sector: sector, Data: segs, Tag: uint64(i)})
+				if !tc.store.MappingsDurable() {
+					t.Fatalf("shape %+v: a write was returned before its mapping was committed", sh)
+				}
 				clear(buf.Bytes)
 				c := mustOK(t, d.Queues()[(i+1)%2], frontend.Request{Type: proto.BlkTIn, Sector: sector, Data: segs, Tag: uint64(i)})
 				if !bytes.Equal(buf.Bytes, want) || c.Len != uint32(sh.n+1) {
@@ -322,6 +325,9 @@ func TestZeroes(t *testing.T) {
 	}
 	if c := do(t, q, frontend.Request{Type: proto.BlkTOut, Sector: 0, Data: []frontend.Buffer{buf.Slice(0, 100)}, Tag: 23}); c.Status != proto.BlkSIOErr {
 		t.Errorf("write of 100 bytes: status %d", c.Status)
+	}
+	if !tc.store.MappingsDurable() {
+		t.Error("discards and write-zeroes were returned before their mappings were committed")
 	}
 	st := tc.srv.Stats()
 	if st.Discard.Requests != 3 || st.WriteZeroes.Requests != 2 || st.GetID.Requests != 1 || st.Unsupported != 1 {

@@ -89,7 +89,7 @@ func startOwner(d *device, q *vhostuser.Queue) (*owner, error) {
 		return nil, err
 	}
 	for i := n - 1; i >= 0; i-- {
-		o.reqs[i].slot = i
+		o.reqs[i].o, o.reqs[i].slot = o, i
 		o.free = append(o.free, i)
 	}
 	for range workersPerQueue {
@@ -278,8 +278,16 @@ func (o *owner) bad(r *request, err error) {
 	o.complete(r)
 }
 
-// complete writes r's status and returns it on the used ring.
+// complete writes r's status and returns it on the used ring; a write
+// that a daemon started after this one dies would not read back waits
+// for a commit first (Restartable).
 func (o *owner) complete(r *request) {
+	if c := o.d.commit; c != nil && !r.committed && r.status == statusOK &&
+		(r.op == opWrite || r.op == opDiscard || r.op == opWriteZeroes) && !c.disk.WritesRecoverable() {
+		o.d.st.held.Add(1)
+		c.hold(r)
+		return
+	}
 	written := uint32(0)
 	if st := r.statusByte(); st != nil {
 		st[0] = r.status

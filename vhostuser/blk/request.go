@@ -23,6 +23,7 @@ const (
 // it, until it is returned. Its slices are reused from request to
 // request. Only the owner touches it, or the one worker it was handed to.
 type request struct {
+	o     *owner
 	slot  int
 	chain virtq.Chain
 	start time.Time
@@ -40,6 +41,9 @@ type request struct {
 	ios     []IO
 	pending int  // backing I/Os in flight
 	failed  bool // one of them failed or came back short
+	// committed: a completed write the committer made recoverable, to
+	// be returned now.
+	committed bool
 }
 
 // statusByte is the request's status: the last byte of its last writable
@@ -60,6 +64,7 @@ func (r *request) statusByte() []byte {
 func (r *request) parse(d *device) error {
 	c := &r.chain
 	r.op, r.status, r.written, r.bytes, r.pieces = -1, statusPending, 0, 0, r.pieces[:0]
+	r.committed = false
 	if c.ReadLen < proto.BlkOutHdrSize || c.WriteLen < proto.BlkStatusSize {
 		return fmt.Errorf("request of %d readable and %d writable bytes: %w", c.ReadLen, c.WriteLen, errBadRequest)
 	}
