@@ -37,7 +37,7 @@ type request struct {
 	// pieces is the request's data: slices of guest memory, each
 	// contiguous in the guest's and in this process's address space.
 	pieces [][]byte
-	// The owner's plans: one IO per piece, made on first use.
+	// The owner's plans: one IO per piece while the request is planned.
 	ios     []IO
 	pending int  // backing I/Os in flight
 	failed  bool // one of them failed or came back short
@@ -49,11 +49,10 @@ type request struct {
 // statusByte is the request's status: the last byte of its last writable
 // buffer, or nil if it has none.
 func (r *request) statusByte() []byte {
-	c := &r.chain
-	if c.WriteLen == 0 || len(c.Bufs) == 0 {
+	b := r.chain.LastWrite
+	if len(b) == 0 {
 		return nil
 	}
-	b := c.Bufs[len(c.Bufs)-1].Data
 	return b[len(b)-1:]
 }
 

@@ -51,6 +51,10 @@ type Chain struct {
 	NumRead  int    // how many of Bufs are readable
 	ReadLen  uint64 // bytes of the readable buffers
 	WriteLen uint64 // bytes of the writable buffers
+	// LastWrite is the chain's last device-writable buffer inside the
+	// memory table, even when a bad chain left it out of Bufs (where a
+	// device answers a request it refuses), or nil.
+	LastWrite []byte
 
 	order []int // scratch for the overlap check
 }
@@ -154,7 +158,7 @@ func (r *Ring) Pop(c *Chain) (bool, error) {
 	c.Head = binary.LittleEndian.Uint16(r.avail[4+i:])
 	r.lastAvail++
 	if c.Head >= r.size {
-		c.Bufs, c.NumRead, c.ReadLen, c.WriteLen = c.Bufs[:0], 0, 0, 0
+		c.Bufs, c.NumRead, c.ReadLen, c.WriteLen, c.LastWrite = c.Bufs[:0], 0, 0, 0, nil
 		return true, fmt.Errorf("head %d of a ring of %d: %w", c.Head, r.size, ErrBadChain)
 	}
 	if r.inflight != nil {
@@ -165,7 +169,7 @@ func (r *Ring) Pop(c *Chain) (bool, error) {
 
 // walk reads the chain at c.Head into c.
 func (r *Ring) walk(c *Chain) error {
-	c.Bufs, c.NumRead, c.ReadLen, c.WriteLen = c.Bufs[:0], 0, 0, 0
+	c.Bufs, c.NumRead, c.ReadLen, c.WriteLen, c.LastWrite = c.Bufs[:0], 0, 0, 0, nil
 	table := r.desc
 	i := c.Head
 	indirect := false
@@ -218,6 +222,10 @@ func (r *Ring) walk(c *Chain) error {
 
 // add appends one descriptor's buffer to c.
 func (r *Ring) add(c *Chain, addr uint64, n uint32, write bool) error {
+	data, ok := r.mem.Guest(addr, uint64(n))
+	if ok && write {
+		c.LastWrite = data
+	}
 	if len(c.Bufs) >= r.o.MaxBufs {
 		return fmt.Errorf("head %d: more than %d buffers: %w", c.Head, r.o.MaxBufs, ErrBadChain)
 	}
@@ -227,7 +235,6 @@ func (r *Ring) add(c *Chain, addr uint64, n uint32, write bool) error {
 	if !write && c.NumRead < len(c.Bufs) {
 		return fmt.Errorf("head %d: a readable buffer after a writable one: %w", c.Head, ErrBadChain)
 	}
-	data, ok := r.mem.Guest(addr, uint64(n))
 	if !ok {
 		return fmt.Errorf("head %d: buffer of %d bytes at %#x outside the memory table: %w", c.Head, n, addr, ErrBadChain)
 	}
