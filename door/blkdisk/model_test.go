@@ -56,6 +56,7 @@ func TestModel(t *testing.T) {
 		t.Fatalf("the disk differs from the model at byte %d", i)
 	}
 	st := tc.srv.Stats()
+	t.Logf("plan declines %v", tc.store.Counters().PlanDeclines)
 	t.Logf("reads %d writes %d discards %d write-zeroes %d flushes %d; fallbacks %d, held %d",
 		st.Read.Requests, st.Write.Requests, st.Discard.Requests, st.WriteZeroes.Requests, st.Flush.Requests, st.Fallbacks, st.Held)
 }
