@@ -274,8 +274,11 @@ func (o *owner) take(rg *iouring.Ring) {
 
 // bad answers a request whose chain or header broke the rules.
 func (o *owner) bad(r *request, err error) {
-	o.d.st.bad.Add(1)
-	o.log.WithError(err).Warn("vhost-user: bad request")
+	// A guest can send bad requests as fast as good ones: the first few
+	// are logged, then only every power of two, with the count.
+	if n := o.d.st.bad.Add(1); n <= 8 || n&(n-1) == 0 {
+		o.log.WithError(err).WithField("bad_requests", n).Warn("vhost-user: bad request")
+	}
 	r.op, r.status = -1, statusIOErr
 	o.complete(r)
 }
