@@ -503,3 +503,34 @@ func TestBadDescriptors(t *testing.T) {
 		t.Errorf("%d bad requests counted, want 6", st.Bad)
 	}
 }
+
+// failingCommits is a disk whose writes are never recoverable without a
+// commit, and whose commits fail.
+type failingCommits struct{ *Disk }
+
+func (failingCommits) WritesRecoverable() bool { return false }
+func (failingCommits) CommitWrites() error     { return errors.New("commit failed") }
+
+// TestHeldWrites: a write that needs a commit is returned only after one,
+// and IOERR when the commit fails; reads are not held.
+func TestHeldWrites(t *testing.T) {
+	tc := newMemCase(t)
+	if err := tc.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := blk.Serve(failingCommits{New(tc.store, tc.disk)}, blk.Config{Socket: tc.socket, ID: "vm0", Queues: 1, SocketGroup: -1, Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.srv = srv
+	d := tc.dial(frontend.Options{})
+	q := d.Queues()[0]
+	buf := alloc(t, d, 4096, 4096)
+	if c := do(t, q, frontend.Request{Type: proto.BlkTOut, Sector: 8, Data: []frontend.Buffer{buf}, Tag: 1}); c.Status != proto.BlkSIOErr {
+		t.Errorf("write whose commit failed: status %d", c.Status)
+	}
+	mustOK(t, q, frontend.Request{Type: proto.BlkTIn, Sector: 8, Data: []frontend.Buffer{buf}, Tag: 2})
+	if st := srv.Stats(); st.Held != 1 || st.Write.Errors != 1 || st.Read.Requests != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
