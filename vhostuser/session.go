@@ -164,8 +164,11 @@ func (s *session) serve(req proto.Request, m proto.Message) error {
 		if f&^(dev.Features()|1<<proto.FProtocolFeatures) != 0 {
 			return fmt.Errorf("features %#x not offered: %w", f, ErrProtocol)
 		}
+		// Running rings follow the ring features (EVENT_IDX, INDIRECT):
+		// they start again under the new ones.
+		running := s.stopAll()
 		s.features = f
-		return nil
+		return s.restart(running)
 	case proto.GetProtocolFeatures:
 		return s.reply(m, proto.EncodeU64(dev.ProtocolFeatures()|sessionProtocol))
 	case proto.SetProtocolFeatures:
@@ -173,8 +176,9 @@ func (s *session) serve(req proto.Request, m proto.Message) error {
 		if err != nil {
 			return err
 		}
+		running := s.stopAll() // INFLIGHT_SHMFD decides whether rings record
 		s.protocol = f & (dev.ProtocolFeatures() | sessionProtocol)
-		return nil
+		return s.restart(running)
 	case proto.SetOwner:
 		return nil
 	case proto.ResetOwner, proto.ResetDevice:
