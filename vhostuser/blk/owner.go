@@ -62,7 +62,11 @@ type owner struct {
 	broken   bool  // the ring broke the rules: take nothing more
 	sqe      iouring.SQE
 	spareIOs []IO       // plans not in use, shared by the slots' pieces
-	bufs     [3][8]byte // eventfd read targets: kick, wake, reap
+	// bufs is a page of its own (mmap) holding the targets of the
+	// eventfd reads (kick, wake, reap; 8 bytes each): a read the kernel
+	// completes while tearing the ring down then lands in a mapping
+	// unmapped after the ring is closed (EFAULT), never in Go's heap.
+	bufs []byte
 	armed    [3]bool
 	stopping bool
 
@@ -159,6 +163,12 @@ func (o *owner) own(started chan<- error) {
 			}
 		}()
 	}
+	var err error
+	if o.bufs, err = unix.Mmap(-1, 0, unix.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
+		started <- fmt.Errorf("queue %d: %w", o.q.Index, err)
+		return
+	}
+	defer unix.Munmap(o.bufs) // after the ring is closed
 	rg, err := iouring.Setup(ringEntries, 4*ringEntries, iouring.SetupSingleIssuer|iouring.SetupDeferTaskrun)
 	if err != nil {
 		started <- fmt.Errorf("queue %d: %w", o.q.Index, err)
@@ -237,7 +247,7 @@ func (o *owner) arm(rg *iouring.Ring) {
 		}
 		o.room(rg, 1)
 		rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(fd), Off: ^uint64(0),
-			Addr: uint64(uintptr(unsafe.Pointer(&o.bufs[i][0]))), Len: 8, UserData: tags[i]})
+			Addr: uint64(uintptr(unsafe.Pointer(&o.bufs[8*i]))), Len: 8, UserData: tags[i]})
 		o.armed[i] = true
 	}
 }
