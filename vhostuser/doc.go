@@ -26,6 +26,17 @@
 // each queue's ring records the heads in flight there, and a queue started
 // over a region a previous backend used resubmits them (package virtq).
 //
+// # What the frontend can do
+//
+// Messages are bounded and checked (package proto); queue indexes, sizes
+// and ring addresses are checked against the session's state and the
+// memory table; a region or inflight area that would map past the end of
+// its file is refused, so that touching it cannot fault. What the guest
+// writes into shared memory is package virtq's to check. A frontend that
+// shrinks a shared file after handing it over can still make the daemon
+// fault: the frontend (the hypervisor) is trusted that far, as by every
+// vhost-user backend.
+//
 // # Concurrency
 //
 // A Listener's session runs on one goroutine, which alone touches the
