@@ -19,7 +19,7 @@ type Options struct {
 	Socket      string // the backend's Unix socket
 	MemSize     int64  // guest memory bytes (default 64 MiB)
 	Queues      int    // queues to set up (0: as many as the device offers)
-	QueueSize   int    // descriptors per queue, a power of two (default 256)
+	QueueSize   int    // descriptors per queue, a power of two from 4 (default 256)
 	MaxSegments int    // data segments per request with indirect descriptors (default 32)
 	// Turn off features the frontend otherwise negotiates when offered.
 	NoIndirect, NoEventIdx, NoInflight, NoBackendReq bool
@@ -94,6 +94,7 @@ type session struct {
 	replies chan proto.Message
 	dead    chan struct{} // closed when the reader stops
 	err     error         // why, set before dead is closed
+	quit    chan struct{} // closed by close: the reader drops what it reads
 	backend *net.UnixConn // our end of the backend request channel, or nil
 	wg      sync.WaitGroup
 }
@@ -117,8 +118,10 @@ func Dial(opts Options) (*Device, error) {
 	if opts.ReplyTimeout == 0 {
 		opts.ReplyTimeout = 30 * time.Second
 	}
-	if !proto.ValidQueueSize(opts.QueueSize) {
-		return nil, fmt.Errorf("queue size %d: want a power of two up to %d", opts.QueueSize, proto.MaxQueueSize)
+	// From 4 up, the event fields of both rings sit 4-aligned, where the
+	// queue reads and writes them as 32-bit words.
+	if !proto.ValidQueueSize(opts.QueueSize) || opts.QueueSize < 4 {
+		return nil, fmt.Errorf("queue size %d: want a power of two from 4 to %d", opts.QueueSize, proto.MaxQueueSize)
 	}
 	mem, err := newMemory(opts.MemSize)
 	if err != nil {
@@ -148,7 +151,7 @@ func (d *Device) connect() (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vhost-user %s: %w", d.opts.Socket, err)
 	}
-	s := &session{c: c, replies: make(chan proto.Message, 1), dead: make(chan struct{})}
+	s := &session{c: c, replies: make(chan proto.Message, 1), dead: make(chan struct{}), quit: make(chan struct{})}
 	s.wg.Add(1)
 	go s.read()
 	return s, nil
@@ -168,11 +171,22 @@ func (s *session) read() {
 			close(s.dead)
 			return
 		}
-		s.replies <- m
+		select {
+		case s.replies <- m:
+		case <-s.quit:
+			for _, fd := range m.FDs {
+				unix.Close(fd)
+			}
+		}
 	}
 }
 
 func (s *session) close() {
+	select {
+	case <-s.quit: // closed already (a failed Reconnect, then Close)
+	default:
+		close(s.quit)
+	}
 	s.c.Close()
 	if s.backend != nil {
 		s.backend.Close()

@@ -217,12 +217,7 @@ func (q *Queue) Submit(r Request) error {
 	}
 	q.seq++
 	q.slots[head] = slot{active: true, n: ringN, seq: q.seq, tag: r.Tag}
-	binary.LittleEndian.PutUint16(q.avail[proto.RingArrayOff+2*(int(q.availIdx)&(q.num-1)):], head)
-	q.availIdx++
-	// Publish the index (flags stay 0: calls wanted); the store orders
-	// the descriptor writes before it.
-	atomic.StoreUint32(word(q.avail, 0), uint32(q.availIdx)<<16)
-	q.inFlight++
+	q.publish(head)
 	return nil
 }
 
@@ -388,4 +383,51 @@ func (q *Queue) rewind() uint16 {
 	q.kickedIdx = used
 	atomic.StoreUint32(word(q.avail, 0), uint32(q.availIdx)<<16)
 	return used
+}
+
+// SubmitChain puts a hand-made descriptor chain on the available ring,
+// for tests of a backend's checks (descriptors outside guest memory,
+// wrong directions, loops, bad indirect tables). descs[0] is the head;
+// each Next is an index into descs, mapped to the ring slot the
+// descriptor lands in, or written as is when it is not one (len(descs) or
+// more). Addresses, lengths and flags are written as given. The chain
+// holds its descriptors until its completion is polled; the completion's
+// Status is not meaningful (the caller's own status buffer is). Kick
+// tells the device.
+func (q *Queue) SubmitChain(descs []proto.Desc, tag uint64) error {
+	n := len(descs)
+	if n == 0 {
+		return fmt.Errorf("empty chain")
+	}
+	if len(q.free) < n {
+		return ErrQueueFull
+	}
+	chain := q.free[len(q.free)-n:]
+	at := func(i int) uint16 { return chain[n-1-i] }
+	for i, d := range descs {
+		if int(d.Next) < n {
+			d.Next = at(int(d.Next))
+		}
+		d.Put(q.desc[proto.DescSize*int(at(i)):])
+		if i < n-1 {
+			q.next[at(i)] = at(i + 1)
+		}
+	}
+	q.free = q.free[:len(q.free)-n]
+	head := at(0)
+	q.meta.Bytes[q.statusOff+int(head)] = statusUnset
+	q.seq++
+	q.slots[head] = slot{active: true, n: n, seq: q.seq, tag: tag}
+	q.publish(head)
+	return nil
+}
+
+// publish puts head on the available ring and publishes the new index;
+// the atomic store orders the descriptor writes before it (flags stay 0:
+// calls wanted).
+func (q *Queue) publish(head uint16) {
+	binary.LittleEndian.PutUint16(q.avail[proto.RingArrayOff+2*(int(q.availIdx)&(q.num-1)):], head)
+	q.availIdx++
+	atomic.StoreUint32(word(q.avail, 0), uint32(q.availIdx)<<16)
+	q.inFlight++
 }
