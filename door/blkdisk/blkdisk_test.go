@@ -534,3 +534,61 @@ func TestHeldWrites(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// TestBadChains sends hand-made chains: a loop, a readable buffer after
+// a writable one, data in the wrong direction, a next past the table.
+// Each is answered (IOERR in its status byte where the chain has one the
+// device reached), and the queue goes on.
+func TestBadChains(t *testing.T) {
+	tc := newMemCase(t)
+	d := tc.dial(frontend.Options{})
+	q := d.Queues()[0]
+	hdr := alloc(t, d, 16, 16)
+	data := alloc(t, d, 4096, 4096)
+	status := alloc(t, d, 1, 1)
+	out := func(typ uint32) {
+		proto.BlkOutHdr{Type: typ, Sector: 8}.Put(hdr.Bytes)
+	}
+	desc := func(b frontend.Buffer, flags, next uint16) proto.Desc {
+		return proto.Desc{Addr: b.Addr, Len: uint32(b.Len()), Flags: flags, Next: next}
+	}
+	const next, write = proto.DescFNext, proto.DescFWrite
+	for i, c := range []struct {
+		name   string
+		typ    uint32
+		descs  []proto.Desc
+		answer bool // the status byte is reached: IOERR expected there
+	}{
+		{"loop", proto.BlkTOut, []proto.Desc{desc(hdr, next, 1), desc(data, next, 2), desc(status, write|next, 0)}, true},
+		{"readable after writable", proto.BlkTOut, []proto.Desc{desc(hdr, next, 1), desc(status, write|next, 2), desc(data, 0, 0)}, true},
+		{"read into readable data", proto.BlkTIn, []proto.Desc{desc(hdr, next, 1), desc(data, next, 2), desc(status, write, 0)}, true},
+		{"write from writable data", proto.BlkTOut, []proto.Desc{desc(hdr, next, 1), desc(data, write|next, 2), desc(status, write, 0)}, true},
+		{"next past the table", proto.BlkTOut, []proto.Desc{desc(hdr, next, 999)}, false},
+	} {
+		out(c.typ)
+		status.Bytes[0] = 0xff
+		if err := q.SubmitChain(c.descs, uint64(i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Kick(); err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for deadline := time.Now().Add(wait); got == 0 && time.Now().Before(deadline); {
+			n, err := q.Poll(func(frontend.Completion) {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got = n; got == 0 {
+				q.Wait(100 * time.Millisecond)
+			}
+		}
+		if got != 1 {
+			t.Fatalf("%s: %d completions", c.name, got)
+		}
+		if c.answer && status.Bytes[0] != proto.BlkSIOErr {
+			t.Errorf("%s: status %d, want IOERR", c.name, status.Bytes[0])
+		}
+	}
+	mustOK(t, q, frontend.Request{Type: proto.BlkTOut, Sector: 0, Data: []frontend.Buffer{data}, Tag: 99})
+}

@@ -61,12 +61,12 @@ type owner struct {
 	pushed   bool  // returned since the last NeedSignal
 	broken   bool  // the ring broke the rules: take nothing more
 	sqe      iouring.SQE
-	spareIOs []IO       // plans not in use, shared by the slots' pieces
+	spareIOs []IO // plans not in use, shared by the slots' pieces
 	// bufs is a page of its own (mmap) holding the targets of the
 	// eventfd reads (kick, wake, reap; 8 bytes each): a read the kernel
 	// completes while tearing the ring down then lands in a mapping
 	// unmapped after the ring is closed (EFAULT), never in Go's heap.
-	bufs []byte
+	bufs     []byte
 	armed    [3]bool
 	stopping bool
 

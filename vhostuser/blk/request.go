@@ -84,7 +84,10 @@ func (r *request) parse(d *device) error {
 		}
 		r.bytes = n
 		size := uint64(d.disk.Size())
-		if n%proto.SectorSize != 0 || sector > size/proto.SectorSize || n > size-sector*proto.SectorSize {
+		// Data in the wrong direction: readable buffers after a read's
+		// header, writable ones before a write's status.
+		wrongWay := typ == proto.BlkTIn && readData != 0 || typ == proto.BlkTOut && writeData != 0
+		if wrongWay || n%proto.SectorSize != 0 || sector > size/proto.SectorSize || n > size-sector*proto.SectorSize {
 			r.status = statusIOErr // the driver's mistake, answered like a device's error
 			return nil
 		}

@@ -88,6 +88,8 @@ func TestParse(t *testing.T) {
 		{name: "read past the end", typ: proto.BlkTIn, sector: 2047, sizes: []int{16, 1024, 1}, nWrite: 2, op: opRead, status: statusIOErr, pieces: []int{1024}},
 		{name: "sector far past the end", typ: proto.BlkTIn, sector: 1 << 62, sizes: []int{16, 512, 1}, nWrite: 2, op: opRead, status: statusIOErr, pieces: []int{512}},
 		{name: "not a sector multiple", typ: proto.BlkTOut, sizes: []int{16, 100, 1}, nWrite: 1, op: opWrite, status: statusIOErr, pieces: []int{100}},
+		{name: "read with readable data", typ: proto.BlkTIn, sizes: []int{16, 512, 512, 1}, nWrite: 2, op: opRead, status: statusIOErr, pieces: []int{512}},
+		{name: "write with writable data", typ: proto.BlkTOut, sizes: []int{16, 512, 512, 1}, nWrite: 2, op: opWrite, status: statusIOErr, pieces: []int{512}},
 		{name: "flush", typ: proto.BlkTFlush, sizes: []int{16, 1}, nWrite: 1, op: opFlush, status: statusPending},
 		{name: "get id", typ: proto.BlkTGetID, sizes: []int{16, 20, 1}, nWrite: 2, op: opGetID, status: statusOK, pieces: []int{20}, writtenLen: 20},
 		{name: "get id, short buffer", typ: proto.BlkTGetID, sizes: []int{16, 8, 1}, nWrite: 2, op: opGetID, status: statusOK, pieces: []int{8}, writtenLen: 8},
