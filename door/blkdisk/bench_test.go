@@ -8,9 +8,10 @@ import (
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
 
-// BenchmarkIO drives reads and writes of 4 KiB and 1 MiB through the Go
-// frontend on one queue against a disk of a file store on /var/tmp
-// (O_DIRECT, the owner's io_uring path), at iodepth 1 and 32. The disk is
+// BenchmarkIO drives reads and writes through the Go frontend on one
+// queue against a disk of a file store on /var/tmp (O_DIRECT, the owner's
+// io_uring path), in the shapes: 4 KiB at iodepth 1 and 32, 1 MiB
+// at 1, 8 (also in scattered pieces) and 16, 256 KiB at 64. The disk is
 // written whole first, so that writes overwrite mapped blocks.
 func BenchmarkIO(b *testing.B) {
 	tc := newFileCase(b, varTmp(b))
@@ -26,7 +27,8 @@ func BenchmarkIO(b *testing.B) {
 	for _, c := range []struct {
 		size, depth int
 		frag        bool
-	}{{4096, 1, false}, {4096, 32, false}, {1 << 20, 1, false}, {1 << 20, 8, false}, {1 << 20, 8, true}} {
+	}{{4096, 1, false}, {4096, 32, false}, {1 << 20, 1, false}, {1 << 20, 8, false}, {1 << 20, 8, true},
+		{256 << 10, 64, false}, {1 << 20, 16, false}} {
 		for _, typ := range []uint32{proto.BlkTIn, proto.BlkTOut} {
 			name := map[uint32]string{proto.BlkTIn: "read", proto.BlkTOut: "write"}[typ]
 			frag := map[bool]string{true: "/frag"}[c.frag]
