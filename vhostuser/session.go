@@ -17,7 +17,7 @@ import (
 // sessionProtocol are the protocol features the session implements
 // itself, offered whatever the device.
 const sessionProtocol = 1<<proto.ProtocolReplyAck | 1<<proto.ProtocolBackendReq |
-	1<<proto.ProtocolInflightShmFD | 1<<proto.ProtocolResetDevice
+	1<<proto.ProtocolInflightShmFD | 1<<proto.ProtocolResetDevice | 1<<proto.ProtocolConfigureMemSlots
 
 // maxMemSlots is what GET_MAX_MEM_SLOTS answers (libvhost-user's
 // VHOST_USER_MAX_RAM_SLOTS).
@@ -147,7 +147,7 @@ func (s *session) serve(req proto.Request, m proto.Message) error {
 	// Only these take descriptors; any others sent are closed.
 	switch req {
 	case proto.SetMemTable, proto.SetVringKick, proto.SetVringCall, proto.SetVringErr,
-		proto.SetBackendReqFD, proto.SetInflightFD:
+		proto.SetBackendReqFD, proto.SetInflightFD, proto.AddMemReg:
 	default:
 		closeFDs(m.FDs)
 		m.FDs = nil
@@ -166,9 +166,9 @@ func (s *session) serve(req proto.Request, m proto.Message) error {
 		}
 		// Running rings follow the ring features (EVENT_IDX, INDIRECT):
 		// they start again under the new ones.
-		running := s.stopAll()
+		s.stopAll()
 		s.features = f
-		return s.restart(running)
+		return s.restartAll()
 	case proto.GetProtocolFeatures:
 		return s.reply(m, proto.EncodeU64(dev.ProtocolFeatures()|sessionProtocol))
 	case proto.SetProtocolFeatures:
@@ -176,9 +176,9 @@ func (s *session) serve(req proto.Request, m proto.Message) error {
 		if err != nil {
 			return err
 		}
-		running := s.stopAll() // INFLIGHT_SHMFD decides whether rings record
+		s.stopAll() // INFLIGHT_SHMFD decides whether rings record
 		s.protocol = f & (dev.ProtocolFeatures() | sessionProtocol)
-		return s.restart(running)
+		return s.restartAll()
 	case proto.SetOwner:
 		return nil
 	case proto.ResetOwner, proto.ResetDevice:
@@ -201,14 +201,16 @@ func (s *session) serve(req proto.Request, m proto.Message) error {
 			closeFDs(m.FDs)
 			return err
 		}
-		running := s.stopAll()
+		s.stopAll()
 		t, err := mapMemTable(regions, m.FDs)
 		s.mem.unmap()
 		s.mem = t
 		if err != nil {
 			return err
 		}
-		return s.restart(running)
+		return s.restartAll()
+	case proto.AddMemReg, proto.RemMemReg:
+		return s.changeMemReg(req, m)
 	case proto.SetVringNum, proto.SetVringBase, proto.SetVringEnable, proto.GetVringBase:
 		st, err := proto.DecodeVringState(m.Payload)
 		if err != nil {
@@ -307,6 +309,32 @@ func (s *session) vring(i uint32) (*vring, error) {
 	return &s.vrings[i], nil
 }
 
+// changeMemReg serves ADD_MEM_REG and REM_MEM_REG
+// (CONFIGURE_MEM_SLOTS): the queues stop while the table changes.
+func (s *session) changeMemReg(req proto.Request, m proto.Message) error {
+	r, err := proto.DecodeMemRegMsg(m.Payload)
+	if err != nil || req == proto.AddMemReg && len(m.FDs) != 1 {
+		closeFDs(m.FDs)
+		if err == nil {
+			err = fmt.Errorf("%v with %d descriptors: %w", req, len(m.FDs), ErrProtocol)
+		}
+		return err
+	}
+	s.stopAll()
+	if s.mem == nil {
+		s.mem = &memTable{}
+	}
+	if req == proto.AddMemReg {
+		err = s.mem.add(r, m.FDs[0])
+	} else {
+		err = s.mem.remove(r)
+	}
+	if rerr := s.restartAll(); err == nil {
+		err = rerr
+	}
+	return err
+}
+
 // setVringFD serves SET_VRING_KICK, SET_VRING_CALL and SET_VRING_ERR.
 func (s *session) setVringFD(req proto.Request, m proto.Message) error {
 	u, err := proto.DecodeU64(m.Payload)
@@ -398,10 +426,10 @@ func (s *session) setInflight(m proto.Message) error {
 	if err != nil {
 		return fmt.Errorf("inflight region: %w", err)
 	}
-	running := s.stopAll()
+	s.stopAll()
 	s.unmapInflight()
 	s.inflight, s.inflightQueue = b, per
-	return s.restart(running)
+	return s.restartAll()
 }
 
 // change stops queue i, applies fn to its state, and hands the queue
@@ -428,7 +456,7 @@ func (s *session) change(i uint32, fn func(v *vring) (start bool, err error)) er
 func (s *session) update(i int) error {
 	v := &s.vrings[i]
 	enabled := v.enabled || s.features&(1<<proto.FProtocolFeatures) == 0
-	if v.running || !v.started || !enabled || !v.hasAddr || v.num == 0 || s.mem == nil {
+	if v.running || !v.started || !enabled || !v.hasAddr || v.num == 0 || s.mem == nil || s.mem.mem == nil {
 		return nil
 	}
 	o := s.l.dev.QueueLimits()
@@ -474,22 +502,19 @@ func (s *session) stop(i int) {
 	v.ring, v.running = nil, false
 }
 
-// stopAll stops every running queue and returns which were running.
-func (s *session) stopAll() []int {
-	var running []int
+// stopAll stops every running queue.
+func (s *session) stopAll() {
 	for i := range s.vrings {
-		if s.vrings[i].running {
-			running = append(running, i)
-			s.stop(i)
-		}
+		s.stop(i)
 	}
-	return running
 }
 
-// restart starts the queues of stopAll again.
-func (s *session) restart(queues []int) error {
+// restartAll hands every queue that is ready back to the device (after
+// stopAll and a change of the memory, features or inflight region): a
+// queue started and enabled runs whenever it can.
+func (s *session) restartAll() error {
 	var first error
-	for _, i := range queues {
+	for i := range s.vrings {
 		if err := s.update(i); err != nil && first == nil {
 			first = err
 		}

@@ -91,7 +91,7 @@ func fdFor(t testing.TB, r proto.Request) []int {
 	var fd int
 	var err error
 	switch r {
-	case proto.SetMemTable, proto.SetInflightFD:
+	case proto.SetMemTable, proto.SetInflightFD, proto.AddMemReg:
 		fd, err = unix.MemfdCreate("fuzz", unix.MFD_CLOEXEC)
 		if err == nil {
 			err = unix.Ftruncate(fd, 1<<20)
@@ -118,15 +118,23 @@ func fdFor(t testing.TB, r proto.Request) []int {
 // device was given taken back, and the session ends at the end of the
 // stream.
 func FuzzSession(f *testing.F) {
-	f.Add(sessionSeed())
+	f.Add(sessionSeed(false))
+	f.Add(sessionSeed(true))
 	f.Fuzz(func(t *testing.T, data []byte) { runSession(t, data) })
 }
 
-// TestSessionSeed: the fuzz seed's setup starts queue 0 once and
-// GET_VRING_BASE stops it.
+// TestSessionSeed: the fuzz seeds' setup (memory by SET_MEM_TABLE, or
+// by ADD_MEM_REG with a region removed and added again while the queue
+// runs) starts queue 0, and GET_VRING_BASE stops it.
 func TestSessionSeed(t *testing.T) {
-	if dev := runSession(t, sessionSeed()); dev.started != 1 || dev.stopped != 1 {
-		t.Fatalf("started %d, stopped %d", dev.started, dev.stopped)
+	for _, slots := range []bool{false, true} {
+		want := 1
+		if slots {
+			want = 2 // REM_MEM_REG stops the queue, ADD_MEM_REG starts it again
+		}
+		if dev := runSession(t, sessionSeed(slots)); dev.started != want || dev.stopped != want {
+			t.Fatalf("slots %v: started %d, stopped %d", slots, dev.started, dev.stopped)
+		}
 	}
 }
 
@@ -185,9 +193,10 @@ func runSession(t *testing.T, data []byte) *fakeDevice {
 }
 
 // sessionSeed encodes a plausible setup: features, protocol features, a
-// memory table, a ring, the inflight region, a kick, enable, then
-// GET_VRING_BASE and GET_CONFIG.
-func sessionSeed() []byte {
+// memory table (or, with slots, a region added), a ring, the inflight
+// region, a kick, enable (with slots, the region removed and added
+// again), then GET_VRING_BASE and GET_CONFIG.
+func sessionSeed(slots bool) []byte {
 	var seed []byte
 	add := func(req proto.Request, payload []byte) {
 		var h [5]byte
@@ -197,13 +206,22 @@ func sessionSeed() []byte {
 	}
 	add(proto.SetFeatures, proto.EncodeU64(1<<proto.FProtocolFeatures|1<<proto.VirtioFVersion1))
 	add(proto.SetProtocolFeatures, proto.EncodeU64(1<<proto.ProtocolReplyAck|1<<proto.ProtocolInflightShmFD))
-	mt, _ := proto.EncodeMemTable([]proto.MemRegion{{GuestAddr: 0, Size: 1 << 20, UserAddr: 1 << 30}})
-	add(proto.SetMemTable, mt)
+	region := proto.MemRegion{GuestAddr: 0, Size: 1 << 20, UserAddr: 1 << 30}
+	if slots {
+		add(proto.AddMemReg, proto.EncodeMemRegMsg(region))
+	} else {
+		mt, _ := proto.EncodeMemTable([]proto.MemRegion{region})
+		add(proto.SetMemTable, mt)
+	}
 	add(proto.SetVringNum, proto.VringState{Index: 0, Num: 16}.Encode())
 	add(proto.SetVringAddr, proto.VringAddr{Index: 0, Desc: 1 << 30, Avail: 1<<30 + 4096, Used: 1<<30 + 8192}.Encode())
 	add(proto.GetInflightFD, proto.Inflight{NumQueues: 2, QueueSize: 16}.Encode())
 	add(proto.SetVringKick, proto.EncodeU64(0))
 	add(proto.SetVringEnable, proto.VringState{Index: 0, Num: 1}.Encode())
+	if slots {
+		add(proto.RemMemReg, proto.EncodeMemRegMsg(region))
+		add(proto.AddMemReg, proto.EncodeMemRegMsg(region))
+	}
 	add(proto.GetVringBase, proto.VringState{Index: 0}.Encode())
 	add(proto.GetConfig, []byte{2, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
 	return seed
