@@ -68,7 +68,7 @@ var (
 	// ErrVhostUserOff: the mount was not given a VhostServe.
 	ErrVhostUserOff = errors.New("fs: this mount does not serve vhost-user")
 	// ErrNotServed: no disk of this mount is served on that socket.
-	ErrNotServed = errors.New("fs: no disk of this mount is served on that socket")
+	ErrNotServed = fmt.Errorf("fs: no disk of this mount is served on that socket: %w", image.ErrNotExist)
 )
 
 // servedDisk is one running server.

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
 )
 
 // Collector turns snapshots of a Source into Prometheus metrics at each
@@ -56,13 +57,21 @@ var (
 	dDiskBytes       = desc("disk_request_bytes_total", "Request bytes per disk.", "disk", "op")
 	dFUSELatency     = desc("fuse_request_latency_seconds", "Latency of FUSE requests by operation.", "op")
 	dPlanDeclines    = desc("plan_declines_total", "Requests a door's queue thread could not plan without waiting, by reason; they were served on the path that may block (image.Decline).", "reason")
+	dVhostRequests   = desc("vhost_user_requests_total", "Requests completed by a disk's vhost-user device, by type.", "disk", "socket", "op")
+	dVhostErrors     = desc("vhost_user_request_errors_total", "Requests a vhost-user device completed with VIRTIO_BLK_S_IOERR, by type.", "disk", "socket", "op")
+	dVhostBytes      = desc("vhost_user_request_bytes_total", "Bytes transferred (read, write) or covered (discard, write_zeroes) by a vhost-user device's requests.", "disk", "socket", "op")
+	dVhostLatency    = desc("vhost_user_request_latency_seconds", "Latency of a vhost-user device's requests, from the available ring to the used ring.", "disk", "socket", "op")
+	dVhostInflight   = desc("vhost_user_inflight_requests", "Requests a vhost-user device has taken from its queues and not completed.", "disk", "socket")
+	dVhostEvents     = desc("vhost_user_events_total", "Events of a vhost-user device: frontends connected (connects), connected after the first (reconnects), refused while one was served (refused), requests resubmitted after a reconnect (resubmitted), served on the blocking path (fallbacks), with bad descriptors (bad), of unsupported types (unsupported).", "disk", "socket", "event")
+	dVhostConnected  = desc("vhost_user_connected", "1 while a frontend is connected to a disk's vhost-user socket, else 0.", "disk", "socket")
 	dStoreFailed     = desc("store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.")
 )
 
 var allDescs = []*prometheus.Desc{dRequests, dRequestBytes, dRequestSize, dLookups, dLookupSegments, dAllocations,
 	dAllocatedBlocks, dExtents, dPieces, dRuns, dBackendIOs, dBackendBytes, dBackendSize, dBackendLatency,
 	dBackendErrors, dDurableWrites, dFlushes, dFlushLatency, dDiscards, dPreparedBytes, dCommits, dUnflushed, dJournalBytes, dCommitLatency, dCheckpoints,
-	dCapacity, dFree, dLargestFree, dReserved, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dPlanDeclines, dStoreFailed}
+	dCapacity, dFree, dLargestFree, dReserved, dDiskSize, dDiskAllocated, dDiskExtents, dDiskRequests, dDiskBytes, dFUSELatency, dPlanDeclines,
+	dVhostRequests, dVhostErrors, dVhostBytes, dVhostLatency, dVhostInflight, dVhostEvents, dVhostConnected, dStoreFailed}
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -142,6 +151,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for op, h := range c.src.OpMetrics() {
 		ch <- constHistogram(dFUSELatency, h, op)
 	}
+	if vs, ok := c.src.(VhostSource); ok {
+		for _, u := range vs.VhostUsers() {
+			collectVhost(ch, u)
+		}
+	}
 	failed := 0.0
 	if m.Failed {
 		failed = 1
@@ -159,4 +173,44 @@ func constHistogram(d *prometheus.Desc, h image.HistogramSnapshot, labels ...str
 		buckets[b] = cum
 	}
 	return prometheus.MustNewConstHistogram(d, h.Count, h.Sum, buckets, labels...)
+}
+
+// collectVhost sends the metrics of one served disk.
+func collectVhost(ch chan<- prometheus.Metric, u VhostUser) {
+	st := u.Stats
+	for _, op := range []struct {
+		name string
+		s    blk.OpStats
+	}{{"read", st.Read}, {"write", st.Write}, {"flush", st.Flush}, {"discard", st.Discard}, {"write_zeroes", st.WriteZeroes}, {"get_id", st.GetID}} {
+		ch <- prometheus.MustNewConstMetric(dVhostRequests, prometheus.CounterValue, float64(op.s.Requests), u.Disk, u.Socket, op.name)
+		ch <- prometheus.MustNewConstMetric(dVhostErrors, prometheus.CounterValue, float64(op.s.Errors), u.Disk, u.Socket, op.name)
+		ch <- prometheus.MustNewConstMetric(dVhostBytes, prometheus.CounterValue, float64(op.s.Bytes), u.Disk, u.Socket, op.name)
+		ch <- vhostHistogram(op.s.Latency, u.Disk, u.Socket, op.name)
+	}
+	ch <- prometheus.MustNewConstMetric(dVhostInflight, prometheus.GaugeValue, float64(st.Inflight), u.Disk, u.Socket)
+	for _, ev := range []struct {
+		name string
+		n    uint64
+	}{{"connects", st.Connects}, {"reconnects", st.Reconnects}, {"refused", st.Refused}, {"resubmitted", st.Resubmitted},
+		{"fallbacks", st.Fallbacks}, {"bad", st.Bad}, {"unsupported", st.Unsupported}} {
+		ch <- prometheus.MustNewConstMetric(dVhostEvents, prometheus.CounterValue, float64(ev.n), u.Disk, u.Socket, ev.name)
+	}
+	connected := 0.0
+	if st.Connected {
+		connected = 1
+	}
+	ch <- prometheus.MustNewConstMetric(dVhostConnected, prometheus.GaugeValue, connected, u.Disk, u.Socket)
+}
+
+// vhostHistogram converts a device's latency buckets (per bucket, the
+// last past blk.LatencyBounds) to Prometheus' cumulative ones.
+func vhostHistogram(l blk.Latency, labels ...string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(blk.LatencyBounds))
+	var cum uint64
+	for i, b := range blk.LatencyBounds {
+		cum += l.Buckets[i]
+		buckets[b.Seconds()] = cum
+	}
+	count := cum + l.Buckets[len(blk.LatencyBounds)]
+	return prometheus.MustNewConstHistogram(dVhostLatency, count, l.Sum.Seconds(), buckets, labels...)
 }
