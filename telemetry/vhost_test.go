@@ -94,7 +94,7 @@ func TestVhostUserNeedsWrite(t *testing.T) {
 		socket string
 		code   int
 	}{
-		{user, "secret.raw", filepath.Join(open, "a.sock"), http.StatusForbidden},  // may not write the disk
+		{user, "secret.raw", filepath.Join(open, "a.sock"), http.StatusForbidden},   // may not write the disk
 		{user, "shared.raw", filepath.Join(closed, "a.sock"), http.StatusForbidden}, // may not create there
 		{user, "shared.raw", "relative.sock", http.StatusBadRequest},
 		{user, "missing.raw", filepath.Join(open, "a.sock"), http.StatusNotFound},
