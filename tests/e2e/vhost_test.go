@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -101,4 +105,256 @@ func waitSocket(t *testing.T, sock string, exited <-chan error) {
 			t.Fatalf("no socket %s after a minute", sock)
 		}
 	}
+}
+
+// seqWrites is n steps of one MiB each (bs=64k, O_DIRECT, conv=fsync: a
+// flush at the end of each), every other MiB from off: distinct ranges, so
+// that which of them a snapshot or a crash kept can be told apart.
+func seqWrites(what string, off int64, n int) []guestOp {
+	var ops []guestOp
+	for i := range n {
+		ops = append(ops, guestOp{what: fmt.Sprintf("%s %d/%d: 1 MiB at %d MiB, bs=64k, O_DIRECT", what, i+1, n, (off>>20)+int64(2*i)),
+			off: off + int64(2*i)<<20, n: 1 << 20, pat: int64(i%29) << 20, bs: "64k", direct: true})
+	}
+	return ops
+}
+
+// vhostStore is a store mounted with --vhost-user-dir and one disk of
+// vmDiskSize made through the mount, served on sock.
+type vhostStore struct {
+	store, mnt, dir, disk, sock string
+	m                           *mount
+}
+
+func newVhostStore(t *testing.T) *vhostStore {
+	t.Helper()
+	v := &vhostStore{store: newStore(t), mnt: filepath.Join(t.TempDir(), "mnt"), dir: t.TempDir()}
+	v.m = mountStore(t, v.store, v.mnt, "--vhost-user-dir", v.dir)
+	v.disk = filepath.Join(v.mnt, "vm.raw")
+	f, err := os.OpenFile(v.disk, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(vmDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	v.sock = filepath.Join(v.dir, "vm.raw.sock")
+	waitSocket(t, v.sock, nil)
+	fi, err := os.Stat(v.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perm := fi.Mode().Perm(); perm != 0o600 {
+		t.Errorf("%s has mode %04o, want 0600", v.sock, perm)
+	}
+	return v
+}
+
+// TestVMVhostUserVdiskfs: a guest on a vdiskfs disk's vhost-user socket
+// (vdisk mount --vhost-user-dir, two queues and two vCPUs) writes large,
+// small and 512-byte requests, discards, zeroes, flushes and reads back;
+// meanwhile `vdisk snapshot` is taken while it writes, and must hold every
+// write the guest had completed before the call. Then the disk's file in
+// the mount reads the same bytes as the guest wrote, vdisk ls and stats
+// show the door, and vdisk fsck is clean.
+func TestVMVhostUserVdiskfs(t *testing.T) {
+	requireRoot(t)
+	start := time.Now()
+	snapSteps := seqWrites("while the snapshot is taken", 420<<20, 24)
+	ops := append(append([]guestOp{}, vhostOps...), snapSteps...)
+	g := newGuest(t, ops)
+	v := newVhostStore(t)
+	bin := vdiskBin(t)
+
+	// The snapshot is taken once the guest completed the third of
+	// snapSteps; acked holds the steps (1-based, of ops) the guest had
+	// completed before the call.
+	firstSnap := len(vhostOps) + 1
+	var (
+		mu       sync.Mutex
+		done     = map[int]bool{}
+		acked    map[int]bool
+		snapOut  string
+		snapErr  error
+		snapDone = make(chan struct{})
+		after    int // steps completed when the call returned
+	)
+	onLine := func(line string) {
+		var step int
+		if _, err := fmt.Sscanf(line, "E2E-DONE %d", &step); err != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		done[step] = true
+		if step == firstSnap+2 && acked == nil {
+			acked = maps.Clone(done)
+			go func() {
+				out, err := runErr(2*time.Minute, bin, "snapshot", v.disk, "snap.raw")
+				mu.Lock()
+				snapOut, snapErr, after = out, err, len(done)
+				mu.Unlock()
+				close(snapDone)
+			}()
+		}
+	}
+	a := g.tcgGuest(t, vhostQueues, vhostUserDisk(v.sock, vhostQueues), onLine)
+	if !strings.Contains(a.console, "write_cache=write back") {
+		t.Errorf("the guest does not see a volatile write cache (VIRTIO_BLK_F_FLUSH): %s", diskLine(a.console))
+	}
+	if !strings.Contains(a.console, fmt.Sprintf("queues=%d ", vhostQueues)) {
+		t.Errorf("the guest does not use %d queues: %s", vhostQueues, diskLine(a.console))
+	}
+	select {
+	case <-snapDone:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("vdisk snapshot did not return")
+	}
+	if snapErr != nil {
+		t.Fatalf("vdisk snapshot while the guest wrote: %v\n%s", snapErr, snapOut)
+	}
+	t.Logf("vdisk snapshot called after step %d of %d was completed; %d steps were completed when it returned", firstSnap+2, len(ops), after)
+
+	// The disk's file holds what the guest wrote.
+	bs := storeBlockSize(t, v.store) // through the mount
+	verifyVMDisk(t, v.disk, g.allOps, g.pattern,
+		expectedAllocated(g.allOps, vmDiskSize, bs, true), expectedAllocated(g.allOps, vmDiskSize, bs, false), "after the guest on vhost-user")
+
+	// The snapshot holds every step completed before the call.
+	var before []guestOp
+	for i, op := range ops {
+		if acked[i+1] {
+			before = append(before, op)
+		}
+	}
+	verifyRanges(t, filepath.Join(v.mnt, "snap.raw"), before, g.pattern, "the snapshot taken while the guest wrote")
+
+	// The door shows in ls and stats.
+	ls := run(t, time.Minute, vdiskBin(t), "ls", v.mnt)
+	if !strings.Contains(ls, v.sock) {
+		t.Errorf("vdisk ls does not show the socket %s:\n%s", v.sock, ls)
+	}
+	stats := run(t, time.Minute, vdiskBin(t), "stats", v.mnt, "--json")
+	var st struct {
+		VhostUser []struct {
+			Disk   string
+			Socket string
+			Stats  struct {
+				Write, Flush, Discard, WriteZeroes struct{ Requests, Bytes uint64 }
+				Connects                           uint64
+			}
+		} `json:"vhost_user"`
+	}
+	if err := json.Unmarshal([]byte(stats), &st); err != nil {
+		t.Fatalf("vdisk stats --json: %v", err)
+	}
+	found := false
+	for _, u := range st.VhostUser {
+		if u.Disk != "vm.raw" {
+			continue
+		}
+		found = true
+		s := u.Stats
+		t.Logf("vhost-user counters of vm.raw: %+v", s)
+		if s.Write.Requests == 0 || s.Flush.Requests == 0 || s.Discard.Requests == 0 || s.WriteZeroes.Requests == 0 || s.Connects == 0 {
+			t.Errorf("vdisk stats: vm.raw's door counted %+v; want writes, flushes, discards, write-zeroes and a connect", s)
+		}
+	}
+	if !found {
+		t.Errorf("vdisk stats shows no vhost-user counters of vm.raw:\n%s", stats)
+	}
+	v.m.unmount(t)
+	if _, err := os.Stat(v.sock); !os.IsNotExist(err) {
+		t.Errorf("the socket is still there after the unmount: %v", err)
+	}
+	fsckClean(t, v.store)
+	t.Logf("TestVMVhostUserVdiskfs: %v in all", time.Since(start).Round(time.Millisecond))
+}
+
+// TestVMVhostUserDaemonKill: the daemon serving a guest's disk is killed
+// with -9 while the guest writes and flushes, and mounted again on the same
+// mount point with the same --vhost-user-dir: QEMU reconnects (reconnect=1)
+// and the requests in flight are resubmitted to the new daemon, so the
+// guest finishes without an I/O error; every write it flushed before the
+// kill, and every later one, is in the disk's file.
+func TestVMVhostUserDaemonKill(t *testing.T) {
+	requireRoot(t)
+	start := time.Now()
+	ops := seqWrites("written and flushed across the kill", 64<<20, 16)
+	g := newGuest(t, ops)
+	v := newVhostStore(t)
+
+	const killAfter = 3 // the step whose completion triggers the kill
+	var (
+		flushed   []int // steps completed (written and flushed) before the kill
+		remounted = make(chan *mount, 1)
+	)
+	onLine := func(line string) {
+		var step int
+		if _, err := fmt.Sscanf(line, "E2E-DONE %d", &step); err != nil {
+			return
+		}
+		if flushed != nil {
+			return
+		}
+		if step == killAfter {
+			for i := 1; i <= step; i++ {
+				flushed = append(flushed, i)
+			}
+			// The guest goes on meanwhile (its console lines queue).
+			v.m.kill9(t)
+			remounted <- mountStore(t, v.store, v.mnt, "--vhost-user-dir", v.dir)
+		}
+	}
+	g.tcgGuest(t, vhostQueues, vhostUserDisk(v.sock, vhostQueues), onLine)
+	var m *mount
+	select {
+	case m = <-remounted:
+	default:
+		t.Fatal("the guest finished before the daemon was killed")
+	}
+	t.Logf("killed after step %d; steps flushed before the kill: %v", killAfter, flushed)
+	var before []guestOp
+	for _, i := range flushed {
+		before = append(before, ops[i-1])
+	}
+	verifyRanges(t, v.disk, before, g.pattern, "the steps flushed before the kill")
+	verifyVMDisk(t, v.disk, g.allOps, g.pattern, 0, vmDiskSize, "after the guest, across the kill")
+	stats := run(t, time.Minute, vdiskBin(t), "stats", v.mnt)
+	t.Logf("vdisk stats of the new daemon (door):\n%s", lastLines(stats, 8))
+	m.unmount(t)
+	fsckClean(t, v.store)
+	t.Logf("TestVMVhostUserDaemonKill: %v in all", time.Since(start).Round(time.Millisecond))
+}
+
+// verifyRanges checks that path holds, in each of ops' ranges, what ops
+// wrote there (ops' ranges do not overlap).
+func verifyRanges(t *testing.T, path string, ops []guestOp, pattern []byte, what string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, op := range ops {
+		got := make([]byte, op.n)
+		if _, err := f.ReadAt(got, op.off); err != nil {
+			t.Fatalf("%s: read %s at %d: %v", what, path, op.off, err)
+		}
+		if i := firstDiff(got, expectedRange([]guestOp{op}, pattern, op.off, op.n)); i >= 0 {
+			t.Errorf("%s: %s differs at byte %d, in %q", what, path, op.off+int64(i), op.what)
+		}
+	}
+	t.Logf("%s: all %d ranges as written", what, len(ops))
+}
+
+// diskLine is the guest's E2E-DISK line.
+func diskLine(console string) string {
+	for _, l := range strings.Split(console, "\n") {
+		if strings.HasPrefix(l, "E2E-DISK") {
+			return l
+		}
+	}
+	return "(no E2E-DISK line)"
 }

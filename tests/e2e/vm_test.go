@@ -227,8 +227,9 @@ func runQEMU(t *testing.T, qemu string, args []string, initTimeout, total time.D
 }
 
 // runQEMUWatch is runQEMU calling onLine with every line of the guest's
-// console as it comes, in the order it comes, from one goroutine (the
-// guest goes on meanwhile: onLine may act on the host while it writes).
+// console as it comes, in order, on the test's goroutine (so onLine may
+// fail the test: QEMU is then killed). The guest goes on meanwhile: lines
+// are queued while onLine acts on the host.
 func runQEMUWatch(t *testing.T, qemu string, args []string, initTimeout, total time.Duration, onLine func(line string)) *qemuAttempt {
 	t.Helper()
 	a := &qemuAttempt{}
@@ -247,6 +248,7 @@ func runQEMUWatch(t *testing.T, qemu string, args []string, initTimeout, total t
 	var console strings.Builder
 	initSeen := make(chan struct{})
 	readDone := make(chan struct{})
+	lines := make(chan string, 1<<14) // far more than a guest prints
 	go func() {
 		defer close(readDone)
 		sc := bufio.NewScanner(stdout)
@@ -262,7 +264,7 @@ func runQEMUWatch(t *testing.T, qemu string, args []string, initTimeout, total t
 				close(initSeen)
 			}
 			if onLine != nil {
-				onLine(line)
+				lines <- line
 			}
 		}
 	}()
@@ -270,6 +272,13 @@ func runQEMUWatch(t *testing.T, qemu string, args []string, initTimeout, total t
 	go func() {
 		<-readDone
 		exited <- cmd.Wait()
+	}()
+	finished := false
+	defer func() {
+		if !finished { // onLine failed the test
+			cmd.Process.Kill()
+			<-exited
+		}
 	}()
 	initTimer := time.NewTimer(initTimeout)
 	totalTimer := time.NewTimer(total)
@@ -293,10 +302,16 @@ wait:
 			cmd.Process.Kill()
 			waitErr = <-exited
 			break wait
+		case line := <-lines:
+			onLine(line)
 		case waitErr = <-exited:
+			for len(lines) > 0 { // all were queued before exited
+				onLine(<-lines)
+			}
 			break wait
 		}
 	}
+	finished = true
 	a.elapsed = time.Since(start)
 	mu.Lock()
 	a.console = console.String()
