@@ -66,7 +66,7 @@ type Options struct {
 	Transport Transport
 
 	// VhostServe serves a disk on the vhost-user door (vhost.go); nil
-	// turns the door off. VhostUserDir, when not "", is a directory in
+	// is the real device (tests put a fake in its place). VhostUserDir, when not "", is a directory in
 	// which every disk is served as NAME.sock; VhostUserQueues is the
 	// most queues a device offers (0: one per CPU); VhostUserGroup, when
 	// not nil, is the gid the sockets are given (0660; else 0600).

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vdiskfs/vdiskfs/door/blkdisk"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
 )
@@ -48,10 +48,18 @@ type VhostServer interface {
 }
 
 // VhostServe starts a vhost-user-blk device for the open disk h on
-// cfg.Socket and returns once the socket listens (blk.Serve with the disk
-// adapter). The server uses h until it is closed; the caller closes h
-// after that.
+// cfg.Socket and returns once the socket listens. The server uses h until
+// it is closed; the caller closes h after that. The mount's own is
+// blk.Serve on the disk adapter (serveBlk).
 type VhostServe func(h *image.Disk, cfg blk.Config) (VhostServer, error)
+
+// serveBlk is the mount's VhostServe: package vhostuser/blk's device on
+// door/blkdisk's view of a disk of store.
+func serveBlk(store *image.Store) VhostServe {
+	return func(h *image.Disk, cfg blk.Config) (VhostServer, error) {
+		return blk.Serve(blkdisk.New(store, h), cfg)
+	}
+}
 
 // VhostUser describes one served disk.
 type VhostUser struct {
@@ -65,8 +73,6 @@ type VhostUser struct {
 
 // Errors of the vhost-user door.
 var (
-	// ErrVhostUserOff: the mount was not given a VhostServe.
-	ErrVhostUserOff = errors.New("fs: this mount does not serve vhost-user")
 	// ErrNotServed: no disk of this mount is served on that socket.
 	ErrNotServed = fmt.Errorf("fs: no disk of this mount is served on that socket: %w", image.ErrNotExist)
 )
@@ -86,8 +92,8 @@ type servedDisk struct {
 type vhostSet struct {
 	store  *image.Store
 	log    logrus.FieldLogger
-	serve  VhostServe // nil: the door is off
-	dir    string     // Options.VhostUserDir, absolute; "" for none
+	serve  VhostServe
+	dir    string // Options.VhostUserDir, absolute; "" for none
 	queues int
 	group  int // blk.Config.SocketGroup
 	mu     struct {
@@ -99,6 +105,9 @@ type vhostSet struct {
 
 func newVhostSet(store *image.Store, lg logrus.FieldLogger, opts Options) *vhostSet {
 	s := &vhostSet{store: store, log: lg, serve: opts.VhostServe, queues: opts.VhostUserQueues, group: -1}
+	if s.serve == nil {
+		s.serve = serveBlk(store)
+	}
 	if opts.VhostUserDir != "" {
 		s.dir, _ = filepath.Abs(opts.VhostUserDir)
 	}
@@ -114,9 +123,6 @@ func (s *vhostSet) autoSocket(name string) string { return filepath.Join(s.dir, 
 
 // start serves the disk called name on socket.
 func (s *vhostSet) start(name, socket string, auto bool) (VhostUser, error) {
-	if s.serve == nil {
-		return VhostUser{}, ErrVhostUserOff
-	}
 	socket, err := filepath.Abs(socket)
 	if err != nil {
 		return VhostUser{}, err
@@ -217,9 +223,6 @@ func (s *vhostSet) serveAll() error {
 	if s.dir == "" {
 		return nil
 	}
-	if s.serve == nil {
-		return ErrVhostUserOff
-	}
 	if fi, err := os.Stat(s.dir); err != nil || !fi.IsDir() {
 		return fmt.Errorf("vhost-user directory %s: not a directory (%v)", s.dir, err)
 	}
@@ -231,7 +234,7 @@ func (s *vhostSet) serveAll() error {
 
 // created starts the auto server of a disk just made.
 func (s *vhostSet) created(name string) {
-	if s.dir == "" || s.serve == nil {
+	if s.dir == "" {
 		return
 	}
 	if _, err := s.start(name, s.autoSocket(name), true); err != nil {
