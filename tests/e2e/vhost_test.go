@@ -106,14 +106,16 @@ func waitSocket(t *testing.T, sock string, exited <-chan error) {
 	}
 }
 
-// seqWrites is n steps of one MiB each (bs=64k, O_DIRECT, conv=fsync: a
-// flush at the end of each), every other MiB from off: distinct ranges, so
-// that which of them a snapshot or a crash kept can be told apart.
-func seqWrites(what string, off int64, n int) []guestOp {
+// seqWrites is n steps of mib MiB each (bs=64k, O_DIRECT, conv=fsync: a
+// flush at the end of each) one after the other from off: distinct
+// ranges, so that which of them a snapshot or a crash kept can be told
+// apart.
+func seqWrites(what string, off int64, n, mib int) []guestOp {
 	var ops []guestOp
 	for i := range n {
-		ops = append(ops, guestOp{what: fmt.Sprintf("%s %d/%d: 1 MiB at %d MiB, bs=64k, O_DIRECT", what, i+1, n, (off>>20)+int64(2*i)),
-			off: off + int64(2*i)<<20, n: 1 << 20, pat: int64(i%29) << 20, bs: "64k", direct: true})
+		at := off + int64(i*mib)<<20
+		ops = append(ops, guestOp{what: fmt.Sprintf("%s %d/%d: %d MiB at %d MiB, bs=64k, O_DIRECT", what, i+1, n, mib, at>>20),
+			off: at, n: int64(mib) << 20, pat: int64(i%(29-mib+1)) << 20, bs: "64k", direct: true})
 	}
 	return ops
 }
@@ -160,7 +162,7 @@ func newVhostStore(t *testing.T) *vhostStore {
 func TestVMVhostUserVdiskfs(t *testing.T) {
 	requireRoot(t)
 	start := time.Now()
-	snapSteps := seqWrites("while the snapshot is taken", 420<<20, 24)
+	snapSteps := seqWrites("while the snapshot is taken", 420<<20, 24, 1)
 	ops := append(append([]guestOp{}, vhostOps...), snapSteps...)
 	g := newGuest(t, ops)
 	v := newVhostStore(t)
@@ -268,50 +270,75 @@ func TestVMVhostUserVdiskfs(t *testing.T) {
 // mount point with the same --vhost-user-dir: QEMU reconnects (reconnect=1)
 // and the requests in flight are resubmitted to the new daemon, so the
 // guest finishes without an I/O error; every write it flushed before the
-// kill, and every later one, is in the disk's file.
+// kill, and every write after the kill, is in the disk's file
+// (flushed-before-kill).
+//
+// The step the kill interrupts is checked on its own
+// (acknowledged-before-kill-flushed-after): its writes completed before
+// the kill were acknowledged by the dead daemon and not yet flushed, and
+// the flush that ends the step, answered by the new daemon, tells the
+// guest they are durable.
 func TestVMVhostUserDaemonKill(t *testing.T) {
 	requireRoot(t)
 	start := time.Now()
-	ops := seqWrites("written and flushed across the kill", 64<<20, 16)
+	// The kill comes in the middle of a step (the guest announces a
+	// step, then runs it), so that the daemon dies with requests in
+	// flight; the steps before it were completed, flushed included.
+	const killIn = 4
+	ops := seqWrites("written and flushed across the kill", 64<<20, 16, 2)
+	ops[killIn-1].hostOnly = true
 	g := newGuest(t, ops)
 	v := newVhostStore(t)
-
-	const killAfter = 3 // the step whose completion triggers the kill
 	var (
 		flushed   []int // steps completed (written and flushed) before the kill
 		remounted = make(chan *mount, 1)
 	)
 	onLine := func(line string) {
 		var step int
-		if _, err := fmt.Sscanf(line, "E2E-DONE %d", &step); err != nil {
+		if _, err := fmt.Sscanf(line, "E2E-STEP %d:", &step); err != nil || step != killIn || flushed != nil {
 			return
 		}
-		if flushed != nil {
-			return
+		for i := 1; i < step; i++ {
+			flushed = append(flushed, i)
 		}
-		if step == killAfter {
-			for i := 1; i <= step; i++ {
-				flushed = append(flushed, i)
-			}
-			// The guest goes on meanwhile (its console lines queue).
-			v.m.kill9(t)
-			remounted <- mountStore(t, v.store, v.mnt, "--vhost-user-dir", v.dir)
-		}
+		time.Sleep(30 * time.Millisecond) // into the step's requests
+		// The guest goes on meanwhile (its console lines queue).
+		v.m.kill9(t)
+		remounted <- mountStore(t, v.store, v.mnt, "--vhost-user-dir", v.dir)
 	}
-	g.tcgGuest(t, vhostQueues, vhostUserDisk(v.sock, vhostQueues), onLine)
+	a := g.runTCG(t, vhostQueues, vhostUserDisk(v.sock, vhostQueues), onLine)
 	var m *mount
 	select {
 	case m = <-remounted:
 	default:
-		t.Fatal("the guest finished before the daemon was killed")
+		t.Fatalf("the guest finished before the daemon was killed:\n%s", a.console)
 	}
-	t.Logf("killed after step %d; steps flushed before the kill: %v", killAfter, flushed)
-	var before []guestOp
-	for _, i := range flushed {
-		before = append(before, ops[i-1])
+	if a.outcome != "pass" {
+		// Say what the new daemon saw and which requests' data is not
+		// where the guest wrote it, then fail.
+		t.Logf("vdisk stats of the new daemon:\n%s", lastLines(run(t, time.Minute, vdiskBin(t), "stats", v.mnt), 8))
+		badChunks(t, v.disk, ops, g.pattern, 64<<10)
+		t.Fatalf("guest: %s after %v; console:\n%s\nqemu stderr:\n%s", a.outcome, a.elapsed.Round(time.Second), a.console, a.stderr)
 	}
-	verifyRanges(t, v.disk, before, g.pattern, "the steps flushed before the kill")
-	verifyVMDisk(t, v.disk, g.allOps, g.pattern, 0, vmDiskSize, "after the guest, across the kill")
+	g.report(t, a)
+	if strings.Contains(a.console, "I/O error") {
+		t.Errorf("the guest's kernel logged an I/O error:\n%s", a.console)
+	}
+	t.Logf("killed during step %d; steps flushed before the kill: %v", killIn, flushed)
+	t.Run("flushed-before-kill", func(t *testing.T) {
+		var before []guestOp
+		for _, i := range flushed {
+			before = append(before, ops[i-1])
+		}
+		verifyRanges(t, v.disk, before, g.pattern, "the steps flushed before the kill")
+		verifyRanges(t, v.disk, ops[killIn:], g.pattern, "the steps after the kill")
+	})
+	t.Run("acknowledged-before-kill-flushed-after", func(t *testing.T) {
+		verifyRanges(t, v.disk, ops[killIn-1:killIn], g.pattern, "the step the kill interrupted")
+		if t.Failed() {
+			badChunks(t, v.disk, ops[killIn-1:killIn], g.pattern, 64<<10)
+		}
+	})
 	stats := run(t, time.Minute, vdiskBin(t), "stats", v.mnt)
 	t.Logf("vdisk stats of the new daemon (door):\n%s", lastLines(stats, 8))
 	m.unmount(t)
@@ -328,6 +355,7 @@ func verifyRanges(t *testing.T, path string, ops []guestOp, pattern []byte, what
 		t.Fatal(err)
 	}
 	defer f.Close()
+	bad := 0
 	for _, op := range ops {
 		got := make([]byte, op.n)
 		if _, err := f.ReadAt(got, op.off); err != nil {
@@ -335,9 +363,12 @@ func verifyRanges(t *testing.T, path string, ops []guestOp, pattern []byte, what
 		}
 		if i := firstDiff(got, expectedRange(ops, pattern, op.off, op.n)); i >= 0 {
 			t.Errorf("%s: %s differs at byte %d, in %q", what, path, op.off+int64(i), op.what)
+			bad++
 		}
 	}
-	t.Logf("%s: all %d ranges as written", what, len(ops))
+	if bad == 0 {
+		t.Logf("%s: all %d ranges as written", what, len(ops))
+	}
 }
 
 // diskLine is the guest's E2E-DISK line.
@@ -348,4 +379,45 @@ func diskLine(console string) string {
 		}
 	}
 	return "(no E2E-DISK line)"
+}
+
+// badChunks logs, as runs of chunk-sized pieces, where ops' ranges in
+// path do not hold what ops wrote and what they hold instead (zeros or
+// other data).
+func badChunks(t *testing.T, path string, ops []guestOp, pattern []byte, chunk int64) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	type run struct {
+		off, n int64
+		what   string
+	}
+	var runs []run
+	for _, op := range ops {
+		for off := op.off; off < op.off+op.n; off += chunk {
+			got := make([]byte, chunk)
+			if _, err := f.ReadAt(got, off); err != nil {
+				t.Fatalf("read %s at %d: %v", path, off, err)
+			}
+			what := "as written"
+			switch {
+			case firstDiff(got, expectedRange(ops, pattern, off, chunk)) < 0:
+			case firstDiff(got, make([]byte, chunk)) < 0:
+				what = "zeros"
+			default:
+				what = "other data"
+			}
+			if l := len(runs) - 1; l >= 0 && runs[l].what == what && runs[l].off+runs[l].n == off {
+				runs[l].n += chunk
+			} else {
+				runs = append(runs, run{off, chunk, what})
+			}
+		}
+	}
+	for _, r := range runs {
+		t.Logf("  %s: bytes %d+%d (%s): %s", filepath.Base(path), r.off, r.n, mib(r.n), r.what)
+	}
 }

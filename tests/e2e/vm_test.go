@@ -39,6 +39,9 @@ type guestOp struct {
 	bs      string
 	direct  bool
 	par     bool // run in the background with the par steps next to it
+	// hostOnly: the guest does not check the step's range (the host
+	// does, in a test of its own).
+	hostOnly bool
 }
 
 // wipes reports whether the step leaves zeros (a discard or a zeroing).
