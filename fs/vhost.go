@@ -242,14 +242,23 @@ func (s *vhostSet) created(name string) {
 	}
 }
 
+// ofDiskLocked lists the servers of the disk id.
+func (s *vhostSet) ofDiskLocked(id uint64) []*servedDisk {
+	var out []*servedDisk
+	for _, d := range s.mu.bySocket {
+		if d.id == id {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // removing closes every server of the disk id before it is removed.
 func (s *vhostSet) removing(id uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, d := range s.mu.bySocket {
-		if d.id == id {
-			s.stopLocked(d, "the disk is removed")
-		}
+	for _, d := range s.ofDiskLocked(id) {
+		s.stopLocked(d, "the disk is removed")
 	}
 }
 
@@ -258,18 +267,11 @@ func (s *vhostSet) removing(id uint64) {
 func (s *vhostSet) renamed(id uint64, newName string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var moved []*servedDisk // not moved while ranging: the new one would be ranged over
-	for _, d := range s.mu.bySocket {
-		if d.id != id {
-			continue
-		}
+	for _, d := range s.ofDiskLocked(id) {
 		if !d.auto {
 			d.name = newName
 			continue
 		}
-		moved = append(moved, d)
-	}
-	for _, d := range moved {
 		s.stopLocked(d, "the disk is renamed to "+newName)
 		if _, err := s.startLocked(newName, s.autoSocket(newName), true); err != nil {
 			s.log.WithError(err).WithField("disk", newName).Error("the renamed disk is not served on vhost-user")
@@ -281,10 +283,8 @@ func (s *vhostSet) renamed(id uint64, newName string) {
 func (s *vhostSet) resized(id uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, d := range s.mu.bySocket {
-		if d.id == id {
-			d.srv.ConfigChanged()
-		}
+	for _, d := range s.ofDiskLocked(id) {
+		d.srv.ConfigChanged()
 	}
 }
 

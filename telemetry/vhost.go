@@ -153,40 +153,9 @@ func (g guard) StopVhostUser(socket string) error {
 	return vc.StopVhostUser(socket)
 }
 
-// mayWrite reports whether p may write a disk with d's mode and owners,
-// as the kernel's default_permissions check decides.
-func mayWrite(p Peer, d image.DiskInfo) bool {
-	return permits(p, d.Mode, d.UID, d.GID, 0o2)
-}
-
-// permits reports whether p has the permission bit want (0o4 read, 0o2
-// write, 0o1 search) of a file with mode, uid and gid: root has all but
-// search without any x bit, which no caller asks for here.
-func permits(p Peer, mode, uid, gid uint32, want uint32) bool {
-	switch {
-	case p.UID == 0:
-		return true
-	case p.UID == uid:
-		return mode&(want<<6) != 0
-	case p.inGroup(gid):
-		return mode&(want<<3) != 0
-	}
-	return mode&want != 0
-}
-
 // writable returns an error matching fs.ErrPermission when the peer may
 // not write the disk name, or Stat's error.
-func (g guard) writable(name string) error {
-	info, err := g.Controller.Stat(name)
-	if err != nil {
-		return err
-	}
-	if !mayWrite(g.peer, info) {
-		return fmt.Errorf("%w: %s may not write disk %q (mode %04o, %s, %s)", fs.ErrPermission,
-			describeUID(g.peer.UID), name, info.Mode&0o7777, describeUID(info.UID), describeGID(info.GID))
-	}
-	return nil
-}
+func (g guard) writable(name string) error { return g.mayAccess(name, 0o2, "write") }
 
 // mayCreateIn returns an error matching fs.ErrPermission unless the peer
 // may create a file in dir: write and search permission on it.
