@@ -1,16 +1,21 @@
 package fs
 
 import (
+	"bytes"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
+	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
+	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
 
 // fakeVhost records the servers a mount starts: each listens on its
@@ -158,5 +163,93 @@ func TestVhostUserDirFollowsDisks(t *testing.T) {
 	}
 	if fake.live() != 0 {
 		t.Errorf("a server is left after StopVhostUser")
+	}
+}
+
+// TestVhostUserRealDevice serves a disk of a mount with the real device
+// and talks to it with the Go frontend: a write through the socket reads
+// back through the file and the other way round, a truncate of the file
+// reaches the frontend as a config change with the new capacity, a flush
+// succeeds, the stats count it all, and removing the disk disconnects the
+// frontend and removes the socket.
+func TestVhostUserRealDevice(t *testing.T) {
+	tc := newTestCase(t)
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	f := tc.openFile("d.raw", os.O_CREATE|os.O_RDWR, 0o644)
+	if err := f.Truncate(4 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.srv.ServeVhostUser("d.raw", sock); err != nil {
+		t.Fatal(err)
+	}
+	const wait = time.Minute // against hangs
+	d, err := frontend.Dial(frontend.Options{Socket: sock, MemSize: 16 << 20, ReplyTimeout: wait, ReconnectTimeout: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if c := d.Config(); c.Capacity != (4<<20)/512 {
+		t.Fatalf("capacity %d sectors, want %d", c.Capacity, (4<<20)/512)
+	}
+	q := d.Queues()[0]
+	do := func(r frontend.Request) {
+		t.Helper()
+		c, err := q.Do(r, wait)
+		if err != nil || c.Status != proto.BlkSOK {
+			t.Fatalf("request type %d at sector %d: %+v, %v", r.Type, r.Sector, c, err)
+		}
+	}
+
+	// Through the socket, then through the file.
+	buf, err := d.Alloc(64<<10, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rand.NewChaCha8([32]byte{1}).Read(buf.Bytes)
+	do(frontend.Request{Type: proto.BlkTOut, Sector: 8, Data: []frontend.Buffer{buf}})
+	do(frontend.Request{Type: proto.BlkTFlush})
+	got := make([]byte, buf.Len())
+	if _, err := f.ReadAt(got, 8*512); err != nil || !bytes.Equal(got, buf.Bytes) {
+		t.Fatalf("the file does not read what the socket wrote (%v)", err)
+	}
+	// Through the file, then through the socket.
+	rand.NewChaCha8([32]byte{2}).Read(got)
+	if _, err := f.WriteAt(got, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	do(frontend.Request{Type: proto.BlkTIn, Sector: (1 << 20) / 512, Data: []frontend.Buffer{buf}})
+	if !bytes.Equal(got, buf.Bytes) {
+		t.Fatal("the socket does not read what the file wrote")
+	}
+
+	// A resize of the file reaches the frontend.
+	if err := os.Truncate(tc.path("d.raw"), 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.ConfigChanges():
+	case <-time.After(wait):
+		t.Fatal("no config change reached the frontend after a truncate")
+	}
+	if c, err := d.RefreshConfig(); err != nil || c.Capacity != (8<<20)/512 {
+		t.Fatalf("config after the truncate: %+v, %v", c, err)
+	}
+	us := tc.srv.VhostUsers()
+	if len(us) != 1 || us[0].Stats.Write.Requests != 1 || us[0].Stats.Read.Requests != 1 || us[0].Stats.Flush.Requests != 1 || !us[0].Stats.Connected {
+		t.Errorf("VhostUsers: %+v", us)
+	}
+
+	// Removing the disk stops its server first.
+	f.Close()
+	if err := os.Remove(tc.path("d.raw")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.Dead():
+	case <-time.After(wait):
+		t.Fatal("the frontend is still connected after the disk's removal")
+	}
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket is still there after the disk's removal: %v", err)
 	}
 }

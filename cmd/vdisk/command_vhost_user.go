@@ -74,28 +74,35 @@ MOUNTPOINT" shows the served disks, "vdisk stats MOUNTPOINT" their counters.`,
 }
 
 // stopVhostUser asks each vdiskfs mount of this mount namespace in turn to
-// stop its server on socket, until one does.
+// stop its server on socket, until one does. Mounts whose daemon does not
+// answer (dead mounts) are passed over.
 func stopVhostUser(e *env, socket string) error {
 	ms, err := readMountinfo(0)
 	if err != nil {
 		return err
 	}
 	var errs []error
+	silent := 0
 	for _, m := range ms {
 		if !isVdiskMount(m) {
 			continue
 		}
 		err := telemetry.StopVhostUser(m.mountpoint, socket)
-		if err == nil {
+		switch {
+		case err == nil:
 			fmt.Fprintf(e.stdout, "stopped serving on %s (mount %s)\n", socket, m.mountpoint)
 			return nil
-		}
-		if !errors.Is(err, image.ErrNotExist) {
+		case errors.Is(err, telemetry.ErrNotServing):
+			silent++
+		case !errors.Is(err, image.ErrNotExist):
 			errs = append(errs, fmt.Errorf("mount %s: %w", m.mountpoint, err))
 		}
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
+	}
+	if silent > 0 {
+		return fmt.Errorf("no vdiskfs mount serves %s (%d mounts here did not answer): %w", socket, silent, image.ErrNotExist)
 	}
 	return fmt.Errorf("no vdiskfs mount serves %s: %w", socket, image.ErrNotExist)
 }
