@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -81,7 +82,7 @@ VHOST-USER column, when any is).`,
 			served := map[string][]string{} // disk -> sockets
 			if m, ok := a.(mountedStore); ok {
 				us, err := telemetry.VhostUsers(m.mnt)
-				if err != nil {
+				if err != nil && !errors.Is(err, image.ErrNotExist) { // a daemon without the door answers 404
 					return err
 				}
 				for _, u := range us {
