@@ -29,6 +29,10 @@ func mapMemTable(regions []proto.MemRegion, fds []int) (*memTable, error) {
 			t.unmap()
 			return nil, fmt.Errorf("memory region %d: %d bytes at offset %d: %w", i, r.Size, r.MmapOffset, ErrProtocol)
 		}
+		if err := fileHolds(fds[i], size); err != nil {
+			t.unmap()
+			return nil, fmt.Errorf("memory region %d: %w", i, err)
+		}
 		m, err := unix.Mmap(fds[i], 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
 		if err != nil {
 			t.unmap()
@@ -62,4 +66,18 @@ func closeFDs(fds []int) {
 			unix.Close(fd)
 		}
 	}
+}
+
+// fileHolds checks that a regular file (a memfd, a hugetlbfs or tmpfs
+// file) has at least size bytes: a mapping past its end would fault
+// (SIGBUS) when touched. Other descriptors (devices) are left to mmap.
+func fileHolds(fd int, size uint64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFREG && uint64(st.Size) < size {
+		return fmt.Errorf("%d bytes mapped from a file of %d: %w", size, st.Size, ErrProtocol)
+	}
+	return nil
 }

@@ -205,64 +205,45 @@ func (s *session) serve(req proto.Request, m proto.Message) error {
 			return err
 		}
 		return s.restart(running)
-	case proto.SetVringNum, proto.SetVringBase, proto.SetVringEnable:
+	case proto.SetVringNum, proto.SetVringBase, proto.SetVringEnable, proto.GetVringBase:
 		st, err := proto.DecodeVringState(m.Payload)
 		if err != nil {
 			return err
 		}
-		v, err := s.vring(st.Index)
-		if err != nil {
+		err = s.change(st.Index, func(v *vring) (bool, error) {
+			switch req {
+			case proto.SetVringNum:
+				if !proto.ValidQueueSize(int(st.Num)) {
+					return false, fmt.Errorf("queue %d size %d: %w", st.Index, st.Num, ErrProtocol)
+				}
+				v.num = uint16(st.Num)
+			case proto.SetVringBase:
+				v.base = uint16(st.Num)
+			case proto.SetVringEnable:
+				v.enabled = st.Num != 0
+				return true, nil // start if now ready
+			case proto.GetVringBase:
+				v.started = false // stopped until the next kick
+				st.Num = uint32(v.base)
+			}
+			return false, nil
+		})
+		if err != nil || req != proto.GetVringBase {
 			return err
 		}
-		running := v.running
-		s.stop(int(st.Index))
-		switch req {
-		case proto.SetVringNum:
-			if !proto.ValidQueueSize(int(st.Num)) {
-				return fmt.Errorf("queue %d size %d: %w", st.Index, st.Num, ErrProtocol)
-			}
-			v.num = uint16(st.Num)
-		case proto.SetVringBase:
-			v.base = uint16(st.Num)
-		case proto.SetVringEnable:
-			v.enabled = st.Num != 0
-			running = true // start if now ready
-		}
-		if running {
-			return s.update(int(st.Index))
-		}
-		return nil
+		return s.reply(m, st.Encode())
 	case proto.SetVringAddr:
 		a, err := proto.DecodeVringAddr(m.Payload)
-		if err != nil {
-			return err
-		}
-		v, err := s.vring(a.Index)
 		if err != nil {
 			return err
 		}
 		if a.Flags&proto.VringAddrFLog != 0 {
 			return fmt.Errorf("queue %d: dirty logging not offered: %w", a.Index, ErrProtocol)
 		}
-		running := v.running
-		s.stop(int(a.Index))
-		v.addr, v.hasAddr = a, true
-		if running {
-			return s.update(int(a.Index))
-		}
-		return nil
-	case proto.GetVringBase:
-		st, err := proto.DecodeVringState(m.Payload)
-		if err != nil {
-			return err
-		}
-		v, err := s.vring(st.Index)
-		if err != nil {
-			return err
-		}
-		s.stop(int(st.Index))
-		v.started = false
-		return s.reply(m, proto.VringState{Index: st.Index, Num: uint32(v.base)}.Encode())
+		return s.change(a.Index, func(v *vring) (bool, error) {
+			v.addr, v.hasAddr = a, true
+			return false, nil
+		})
 	case proto.SetVringKick, proto.SetVringCall, proto.SetVringErr:
 		return s.setVringFD(req, m)
 	case proto.GetConfig:
@@ -331,7 +312,7 @@ func (s *session) setVringFD(req proto.Request, m proto.Message) error {
 	}
 	idx := uint32(u & proto.VringIndexMask)
 	nofd := u&proto.VringNoFDMask != 0
-	v, err := s.vring(idx)
+	_, err = s.vring(idx)
 	if err != nil || nofd != (len(m.FDs) == 0) || len(m.FDs) > 1 {
 		closeFDs(m.FDs)
 		if err == nil {
@@ -343,27 +324,23 @@ func (s *session) setVringFD(req proto.Request, m proto.Message) error {
 	if !nofd {
 		fd = m.FDs[0]
 	}
-	switch req {
-	case proto.SetVringErr:
+	if req == proto.SetVringErr {
 		closeFDs([]int{fd}) // errors are logged here, not signalled
 		return nil
-	case proto.SetVringKick:
-		if nofd {
-			return fmt.Errorf("queue %d: polling without a kick descriptor not offered: %w", idx, ErrProtocol)
+	}
+	if req == proto.SetVringKick && nofd {
+		return fmt.Errorf("queue %d: polling without a kick descriptor not offered: %w", idx, ErrProtocol)
+	}
+	return s.change(idx, func(v *vring) (bool, error) {
+		if req == proto.SetVringCall {
+			closeFDs([]int{v.call})
+			v.call = fd
+			return false, nil
 		}
-		s.stop(int(idx))
 		closeFDs([]int{v.kick})
 		v.kick, v.started = fd, true
-	case proto.SetVringCall:
-		running := v.running
-		s.stop(int(idx))
-		closeFDs([]int{v.call})
-		v.call = fd
-		if !running {
-			return nil
-		}
-	}
-	return s.update(int(idx))
+		return true, nil
+	})
 }
 
 // getInflight creates the inflight region (GET_INFLIGHT_FD).
@@ -407,8 +384,11 @@ func (s *session) setInflight(m proto.Message) error {
 	}
 	per := virtq.InflightQueueSize(in.QueueSize)
 	if in.NumQueues == 0 || !proto.ValidQueueSize(int(in.QueueSize)) ||
-		in.MmapSize < uint64(per)*uint64(in.NumQueues) || in.MmapSize > 1<<30 || in.MmapOffset%uint64(unix.Getpagesize()) != 0 {
+		in.MmapSize < uint64(per)*uint64(in.NumQueues) || in.MmapSize > 1<<30 || in.MmapOffset > 1<<48 || in.MmapOffset%uint64(unix.Getpagesize()) != 0 {
 		return fmt.Errorf("inflight region of %d bytes for %d queues of %d: %w", in.MmapSize, in.NumQueues, in.QueueSize, ErrProtocol)
+	}
+	if err := fileHolds(m.FDs[0], in.MmapOffset+in.MmapSize); err != nil {
+		return fmt.Errorf("inflight region: %w", err)
 	}
 	b, err := unix.Mmap(m.FDs[0], int64(in.MmapOffset), int(in.MmapSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -418,6 +398,26 @@ func (s *session) setInflight(m proto.Message) error {
 	s.unmapInflight()
 	s.inflight, s.inflightQueue = b, per
 	return s.restart(running)
+}
+
+// change stops queue i, applies fn to its state, and hands the queue
+// back to the device if it was running or fn says to try (update starts
+// it only once it is ready).
+func (s *session) change(i uint32, fn func(v *vring) (start bool, err error)) error {
+	v, err := s.vring(i)
+	if err != nil {
+		return err
+	}
+	running := v.running
+	s.stop(int(i))
+	start, err := fn(v)
+	if err != nil {
+		return err
+	}
+	if running || start {
+		return s.update(int(i))
+	}
+	return nil
 }
 
 // update hands queue i to the device if it is ready and not running.

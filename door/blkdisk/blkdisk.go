@@ -21,8 +21,12 @@ type Disk struct {
 	d *image.Disk
 }
 
-// Compile-time check: Disk is what the door serves.
-var _ blk.Disk = (*Disk)(nil)
+// Compile-time checks: Disk is what the door serves, and its writes
+// survive a daemon restart.
+var (
+	_ blk.Disk        = (*Disk)(nil)
+	_ blk.Restartable = (*Disk)(nil)
+)
 
 // New returns the door's view of d, a disk of s.
 func New(s *image.Store, d *image.Disk) *Disk { return &Disk{s: s, d: d} }
@@ -36,6 +40,14 @@ func (d *Disk) NewCompletions() (door.Completions, error) { return storeplan.New
 
 func (d *Disk) ReadAt(p []byte, off int64) (int, error)  { return d.d.ReadAt(p, off) }
 func (d *Disk) WriteAt(p []byte, off int64) (int, error) { return d.d.WriteAt(p, off) }
+
+// WritesRecoverable: no mapping waits for a commit, so a store opened
+// after this daemon dies maps every block written. (Data written in place
+// is on the backing once its O_DIRECT write completed.)
+func (d *Disk) WritesRecoverable() bool { return d.s.MappingsDurable() }
+
+// CommitWrites commits the store's mappings (the commit of fdatasync).
+func (d *Disk) CommitWrites() error { return d.d.SyncData() }
 
 // Discard punches the range: it reads as zeros and its whole blocks are
 // freed, as fallocate(PUNCH_HOLE) on the file.

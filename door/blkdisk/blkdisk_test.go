@@ -2,6 +2,7 @@ package blkdisk
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vdiskfs/vdiskfs/door"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
@@ -142,6 +144,27 @@ func alloc(t testing.TB, d *frontend.Device, n, align int) frontend.Buffer {
 	return b
 }
 
+// collectOK polls q until n requests completed (or the wait bound passed),
+// each with status OK, and returns how many did.
+func collectOK(t testing.TB, q *frontend.Queue, n int) int {
+	t.Helper()
+	done := 0
+	for deadline := time.Now().Add(wait); done < n && time.Now().Before(deadline); {
+		if _, err := q.Poll(func(c frontend.Completion) {
+			if c.Status != proto.BlkSOK {
+				t.Errorf("request %d: status %d", c.Tag, c.Status)
+			}
+			done++
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if done < n {
+			q.Wait(100 * time.Millisecond)
+		}
+	}
+	return done
+}
+
 // split cuts b into pieces of at most seg bytes.
 func split(b frontend.Buffer, seg int) []frontend.Buffer {
 	var out []frontend.Buffer
@@ -211,6 +234,9 @@ func TestReadWrite(t *testing.T) {
 					segs = split(buf, ((sh.n+q.MaxSegments()-1)/q.MaxSegments()+4095)&^4095)
 				}
 				mustOK(t, q, frontend.Request{Type: proto.BlkTOut, Sector: sector, Data: segs, Tag: uint64(i)})
+				if !tc.store.MappingsDurable() {
+					t.Fatalf("shape %+v: a write was returned before its mapping was committed", sh)
+				}
 				clear(buf.Bytes)
 				c := mustOK(t, d.Queues()[(i+1)%2], frontend.Request{Type: proto.BlkTIn, Sector: sector, Data: segs, Tag: uint64(i)})
 				if !bytes.Equal(buf.Bytes, want) || c.Len != uint32(sh.n+1) {
@@ -300,6 +326,9 @@ func TestZeroes(t *testing.T) {
 	if c := do(t, q, frontend.Request{Type: proto.BlkTOut, Sector: 0, Data: []frontend.Buffer{buf.Slice(0, 100)}, Tag: 23}); c.Status != proto.BlkSIOErr {
 		t.Errorf("write of 100 bytes: status %d", c.Status)
 	}
+	if !tc.store.MappingsDurable() {
+		t.Error("discards and write-zeroes were returned before their mappings were committed")
+	}
 	st := tc.srv.Stats()
 	if st.Discard.Requests != 3 || st.WriteZeroes.Requests != 2 || st.GetID.Requests != 1 || st.Unsupported != 1 {
 		t.Errorf("stats %+v", st)
@@ -341,22 +370,7 @@ func TestReconnect(t *testing.T) {
 	if err := q.Kick(); err != nil {
 		t.Fatal(err)
 	}
-	done := 0
-	deadline := time.Now().Add(wait)
-	for done < 4 && time.Now().Before(deadline) {
-		if _, err := q.Poll(func(c frontend.Completion) {
-			if c.Status != proto.BlkSOK {
-				t.Errorf("request %d: status %d", c.Tag, c.Status)
-			}
-			done++
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if done < 4 {
-			q.Wait(100 * time.Millisecond)
-		}
-	}
-	if done != 4 {
+	if done := collectOK(t, q, 4); done != 4 {
 		t.Fatalf("%d of 4 requests completed after the reconnect", done)
 	}
 	if st := tc.srv.Stats(); st.Connects != 1 || st.Write.Requests != 4 {
@@ -374,5 +388,118 @@ func TestReconnect(t *testing.T) {
 	cfg, err := d.RefreshConfig()
 	if err != nil || cfg.Capacity != 2*diskSize/512 {
 		t.Fatalf("config after resize: %+v, %v", cfg, err)
+	}
+}
+
+// gatedDisk holds every write at a gate until released (then fails it
+// without writing), and plans nothing: a server that hangs with requests
+// taken, as one killed with -9 leaves them.
+type gatedDisk struct {
+	*Disk
+	gate chan struct{}
+}
+
+func (g *gatedDisk) NewIO(cq door.Completions) blk.IO { return declineIO{} }
+
+func (g *gatedDisk) WriteAt(p []byte, off int64) (int, error) {
+	<-g.gate
+	return 0, errors.New("gated")
+}
+
+type declineIO struct{}
+
+func (declineIO) Start([]byte, int64, bool, int) bool { return false }
+func (declineIO) Plan() door.Plan                     { return nil }
+func (declineIO) End(bool)                            {}
+
+// TestInflightResubmit: a server takes writes and never completes them;
+// a new server on the same socket, handed the inflight region by the
+// frontend's reconnect, resubmits and completes them, and the disk holds
+// them.
+func TestInflightResubmit(t *testing.T) {
+	tc := newMemCase(t)
+	if err := tc.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedDisk{Disk: New(tc.store, tc.disk), gate: make(chan struct{})}
+	hung, err := blk.Serve(g, blk.Config{Socket: tc.socket, ID: "vm0", Queues: 2, SocketGroup: -1, Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := tc.dial(frontend.Options{})
+	t.Cleanup(func() { // after the frontend is gone (cleanups run last first)
+		close(g.gate)
+		hung.Close()
+	})
+	q := d.Queues()[1]
+	const n = 4
+	buf := alloc(t, d, n*4096, 4096)
+	for i := range n {
+		b := buf.Slice(i*4096, 4096)
+		for j := range b.Bytes {
+			b.Bytes[j] = byte(i + 1)
+		}
+		if err := q.Submit(frontend.Request{Type: proto.BlkTOut, Sector: uint64(8 * i), Data: []frontend.Buffer{b}, Tag: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.Kick(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(wait); hung.Stats().Inflight != n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server took %d of %d requests", hung.Stats().Inflight, n)
+		}
+	}
+	// The hung server's socket goes, as a dead daemon's does; a new one
+	// listens there.
+	if err := os.Remove(tc.socket); err != nil {
+		t.Fatal(err)
+	}
+	tc.serve()
+	if err := d.Reconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if done := collectOK(t, q, n); done != n {
+		t.Fatalf("%d of %d requests completed after the restart", done, n)
+	}
+	if st := tc.srv.Stats(); st.Resubmitted != n || st.Write.Requests != n {
+		t.Errorf("new server's stats %+v", st)
+	}
+	got := make([]byte, n*4096)
+	if _, err := tc.disk.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != byte(i/4096+1) {
+			t.Fatalf("byte %d is %d after the resubmission", i, got[i])
+		}
+	}
+}
+
+// TestBadDescriptors: requests whose buffers lie outside the shared
+// memory, overlap, or come in the wrong direction are answered IOERR and
+// counted; the queue goes on serving good requests.
+func TestBadDescriptors(t *testing.T) {
+	tc := newMemCase(t)
+	d := tc.dial(frontend.Options{})
+	q := d.Queues()[0]
+	good := alloc(t, d, 8192, 4096)
+	outside := frontend.Buffer{Addr: 1 << 40, Bytes: good.Bytes[:4096]}
+	wraps := frontend.Buffer{Addr: ^uint64(0) - 100, Bytes: good.Bytes[:4096]}
+	for i, data := range [][]frontend.Buffer{
+		{outside},
+		{good.Slice(0, 4096), wraps},
+		{good.Slice(0, 4096), good.Slice(2048, 4096)}, // overlap
+	} {
+		for _, typ := range []uint32{proto.BlkTIn, proto.BlkTOut} {
+			if c := do(t, q, frontend.Request{Type: typ, Sector: 0, Data: data, Tag: uint64(i)}); c.Status != proto.BlkSIOErr {
+				t.Errorf("case %d type %d: status %d, want IOERR", i, typ, c.Status)
+			}
+		}
+	}
+	mustOK(t, q, frontend.Request{Type: proto.BlkTOut, Sector: 0, Data: []frontend.Buffer{good}, Tag: 9})
+	if st := tc.srv.Stats(); st.Bad != 6 {
+		t.Errorf("%d bad requests counted, want 6", st.Bad)
 	}
 }

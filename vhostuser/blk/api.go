@@ -69,6 +69,23 @@ type Disk interface {
 	WriteZeroes(off, n int64, unmap bool) error
 }
 
+// Restartable is what a Disk offers so that every write the device
+// returned to the guest survives the daemon's death (kill -9): Serve uses
+// it when the Disk has it. A frontend that reconnects (QEMU's reconnect=)
+// hides a daemon restart from the guest, which then flushes on the new
+// daemon and must find every write the old one acknowledged; so, with a
+// Restartable Disk, a write (OUT, DISCARD, WRITE_ZEROES) is returned on
+// the used ring only once WritesRecoverable, after a commit the device
+// asks for (CommitWrites, shared by every write waiting).
+type Restartable interface {
+	// WritesRecoverable says whether every write completed so far would
+	// be read back by a daemon started after this one died.
+	WritesRecoverable() bool
+	// CommitWrites makes every write completed before the call
+	// recoverable. It may block; the device calls it from one goroutine.
+	CommitWrites() error
+}
+
 // IO is one request slot's planned read or write, on its queue's owner
 // thread. Its methods must not block.
 type IO interface {
@@ -133,6 +150,9 @@ type Stats struct {
 	// Fallbacks counts requests served on the blocking path (declined by
 	// the planner, unaligned, or whose planned I/O failed).
 	Fallbacks uint64
+	// Held counts the writes returned only after a commit made them
+	// recoverable (Restartable).
+	Held uint64
 	// Connects counts frontends served; Reconnects those after the
 	// first; Refused the connections refused while one was served;
 	// Resubmitted the requests resubmitted from the inflight region

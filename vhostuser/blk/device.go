@@ -42,7 +42,8 @@ type device struct {
 	mu     sync.Mutex
 	owners []*owner
 
-	st counters
+	commit *committer // nil: the Disk is not Restartable
+	st     counters
 }
 
 // Compile-time check: a device is what a session serves.
@@ -56,6 +57,9 @@ func newDevice(d Disk, cfg Config) *device {
 	dev.queues = min(dev.queues, 255) // a vring index is 8 bits in SET_VRING_KICK
 	copy(dev.id[:], cfg.ID)
 	dev.owners = make([]*owner, dev.queues)
+	if r, ok := d.(Restartable); ok {
+		dev.commit = newCommitter(r)
+	}
 	return dev
 }
 
@@ -137,9 +141,9 @@ func (d *device) Reset() {}
 
 // counters are the device's Stats, updated by every queue.
 type counters struct {
-	ops                                      [numOps]opCounters
-	unsupported, bad, fallbacks, resubmitted atomic.Uint64
-	inflight                                 atomic.Int64
+	ops                                            [numOps]opCounters
+	unsupported, bad, fallbacks, resubmitted, held atomic.Uint64
+	inflight                                       atomic.Int64
 }
 
 // Request kinds counted apart (Stats' OpStats).
@@ -187,6 +191,6 @@ func (c *counters) snapshot() Stats {
 		Read: c.ops[opRead].snapshot(), Write: c.ops[opWrite].snapshot(), Flush: c.ops[opFlush].snapshot(),
 		Discard: c.ops[opDiscard].snapshot(), WriteZeroes: c.ops[opWriteZeroes].snapshot(), GetID: c.ops[opGetID].snapshot(),
 		Unsupported: c.unsupported.Load(), Bad: c.bad.Load(), Inflight: c.inflight.Load(),
-		Fallbacks: c.fallbacks.Load(), Resubmitted: c.resubmitted.Load(),
+		Fallbacks: c.fallbacks.Load(), Resubmitted: c.resubmitted.Load(), Held: c.held.Load(),
 	}
 }

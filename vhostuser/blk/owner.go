@@ -27,9 +27,10 @@ const (
 	ioTag = uint64(1) << 62
 
 	// maxPieces is the most contiguous data pieces a request may have
-	// for its owner to plan it; maxPlanIOs the most backing I/Os per
-	// piece. More fragmented requests go to a worker.
-	maxPieces  = 64
+	// for its owner to plan it (a piece per data descriptor at most);
+	// maxPlanIOs the most backing I/Os per piece. More fragmented
+	// requests go to a worker.
+	maxPieces  = segMax
 	maxPlanIOs = 8
 	// workersPerQueue serve a queue's requests that may block (FLUSH,
 	// DISCARD, WRITE_ZEROES, and reads and writes the planner declined).
@@ -60,6 +61,7 @@ type owner struct {
 	pushed   bool  // returned since the last NeedSignal
 	broken   bool  // the ring broke the rules: take nothing more
 	sqe      iouring.SQE
+	spareIOs []IO       // plans not in use, shared by the slots' pieces
 	bufs     [3][8]byte // eventfd read targets: kick, wake, reap
 	armed    [3]bool
 	stopping bool
@@ -89,7 +91,7 @@ func startOwner(d *device, q *vhostuser.Queue) (*owner, error) {
 		return nil, err
 	}
 	for i := n - 1; i >= 0; i-- {
-		o.reqs[i].slot = i
+		o.reqs[i].o, o.reqs[i].slot = o, i
 		o.free = append(o.free, i)
 	}
 	for range workersPerQueue {
@@ -125,10 +127,9 @@ func (o *owner) stop() {
 func (o *owner) finish(r *request) {
 	o.mu.Lock()
 	o.mu.done = append(o.mu.done, r)
-	wake := o.mu.sleeping
-	o.mu.sleeping = false
+	sleeping := o.mu.sleeping // the owner clears it when it wakes
 	o.mu.Unlock()
-	if wake {
+	if sleeping {
 		iouring.Notify(o.efd)
 	}
 }
@@ -187,16 +188,16 @@ func (o *owner) serve(rg *iouring.Ring) {
 			return
 		}
 		o.arm(rg)
+		// Sleep unless there is more to do now; a worker that finishes a
+		// request meanwhile wakes a sleeping owner (finish).
 		o.mu.Lock()
-		wait := !more && len(o.mu.done) == 0 && !(o.mu.stop && !o.stopping)
-		o.mu.sleeping = wait
+		sleep := !more && len(o.mu.done) == 0 && o.mu.stop == o.stopping
+		o.mu.sleeping = sleep
 		o.mu.Unlock()
-		o.enter(rg, wait)
-		if wait {
-			o.mu.Lock()
-			o.mu.sleeping = false
-			o.mu.Unlock()
-		}
+		o.enter(rg, sleep)
+		o.mu.Lock()
+		o.mu.sleeping = false
+		o.mu.Unlock()
 		rg.Reap(func(c iouring.CQE) {
 			switch c.UserData {
 			case kickTag:
@@ -239,10 +240,9 @@ func (o *owner) room(rg *iouring.Ring, n uint32) {
 }
 
 func (o *owner) enter(rg *iouring.Ring, wait bool) {
-	err := rg.Enter(wait)
-	if err != nil && err != unix.EINTR && err != unix.EAGAIN && err != unix.EBUSY {
-		// The ring's memory is broken and the kernel may still write
-		// guest memory through it: neither going on nor stopping is safe.
+	// A broken ring's memory may still be written by the kernel into
+	// guest memory: neither going on nor stopping is safe.
+	if err := rg.Enter(wait); err != nil && !iouring.Transient(err) {
 		panic(fmt.Sprintf("vhost-user queue %d: io_uring_enter: %v", o.q.Index, err))
 	}
 }
@@ -280,8 +280,16 @@ func (o *owner) bad(r *request, err error) {
 	o.complete(r)
 }
 
-// complete writes r's status and returns it on the used ring.
+// complete writes r's status and returns it on the used ring; a write
+// that a daemon started after this one dies would not read back waits
+// for a commit first (Restartable).
 func (o *owner) complete(r *request) {
+	if c := o.d.commit; c != nil && !r.committed && r.status == statusOK &&
+		(r.op == opWrite || r.op == opDiscard || r.op == opWriteZeroes) && !c.disk.WritesRecoverable() {
+		o.d.st.held.Add(1)
+		c.hold(r)
+		return
+	}
 	written := uint32(0)
 	if st := r.statusByte(); st != nil {
 		st[0] = r.status
@@ -331,14 +339,14 @@ func (o *owner) plan(rg *iouring.Ring, r *request) bool {
 		return false
 	}
 	off := r.off
-	for i, p := range r.pieces {
-		for len(r.ios) <= i {
-			r.ios = append(r.ios, o.d.disk.NewIO(o.cq)) // once per slot and piece
-		}
-		if !r.ios[i].Start(p, off, r.op == opWrite, maxPlanIOs) {
-			for _, io := range r.ios[:i] {
-				io.End(false)
-			}
+	r.ios = r.ios[:0]
+	for _, p := range r.pieces {
+		io := o.takeIO()
+		r.ios = append(r.ios, io)
+		if !io.Start(p, off, r.op == opWrite, maxPlanIOs) {
+			r.ios = r.ios[:len(r.ios)-1]
+			o.spareIOs = append(o.spareIOs, io)
+			o.endIOs(r, false)
 			return false
 		}
 		off += int64(len(p))
@@ -377,6 +385,27 @@ func (o *owner) plan(rg *iouring.Ring, r *request) bool {
 	return true
 }
 
+// takeIO returns a plan from the owner's spares, or a new one: the
+// spares grow to the most pieces in flight at once, then allocate no more.
+func (o *owner) takeIO() IO {
+	if k := len(o.spareIOs); k > 0 {
+		io := o.spareIOs[k-1]
+		o.spareIOs = o.spareIOs[:k-1]
+		return io
+	}
+	return o.d.disk.NewIO(o.cq)
+}
+
+// endIOs ends r's plans (ok: every I/O transferred in full) and keeps
+// them as spares.
+func (o *owner) endIOs(r *request, ok bool) {
+	for _, io := range r.ios {
+		io.End(ok)
+	}
+	o.spareIOs = append(o.spareIOs, r.ios...)
+	r.ios = r.ios[:0]
+}
+
 // ioDone takes the completion of one backing I/O.
 func (o *owner) ioDone(tag uint64, res int64) {
 	if tag&ioTag == 0 {
@@ -395,9 +424,7 @@ func (o *owner) ioDone(tag uint64, res int64) {
 // endPlanned ends a planned request whose I/O has all completed: it is
 // answered, or served again by a worker (which reports) if any failed.
 func (o *owner) endPlanned(r *request) {
-	for _, io := range r.ios[:len(r.pieces)] {
-		io.End(!r.failed)
-	}
+	o.endIOs(r, !r.failed)
 	if r.failed {
 		o.d.st.fallbacks.Add(1)
 		o.toWorker(r)

@@ -23,6 +23,7 @@ const (
 // it, until it is returned. Its slices are reused from request to
 // request. Only the owner touches it, or the one worker it was handed to.
 type request struct {
+	o     *owner
 	slot  int
 	chain virtq.Chain
 	start time.Time
@@ -36,20 +37,22 @@ type request struct {
 	// pieces is the request's data: slices of guest memory, each
 	// contiguous in the guest's and in this process's address space.
 	pieces [][]byte
-	// The owner's plans: one IO per piece, made on first use.
+	// The owner's plans: one IO per piece while the request is planned.
 	ios     []IO
 	pending int  // backing I/Os in flight
 	failed  bool // one of them failed or came back short
+	// committed: a completed write the committer made recoverable, to
+	// be returned now.
+	committed bool
 }
 
 // statusByte is the request's status: the last byte of its last writable
 // buffer, or nil if it has none.
 func (r *request) statusByte() []byte {
-	c := &r.chain
-	if c.WriteLen == 0 || len(c.Bufs) == 0 {
+	b := r.chain.LastWrite
+	if len(b) == 0 {
 		return nil
 	}
-	b := c.Bufs[len(c.Bufs)-1].Data
 	return b[len(b)-1:]
 }
 
@@ -60,6 +63,7 @@ func (r *request) statusByte() []byte {
 func (r *request) parse(d *device) error {
 	c := &r.chain
 	r.op, r.status, r.written, r.bytes, r.pieces = -1, statusPending, 0, 0, r.pieces[:0]
+	r.committed = false
 	if c.ReadLen < proto.BlkOutHdrSize || c.WriteLen < proto.BlkStatusSize {
 		return fmt.Errorf("request of %d readable and %d writable bytes: %w", c.ReadLen, c.WriteLen, errBadRequest)
 	}

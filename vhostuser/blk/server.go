@@ -20,6 +20,9 @@ func serve(d Disk, cfg Config) (*server, error) {
 	dev := newDevice(d, cfg)
 	l, err := vhostuser.Listen(cfg.Socket, cfg.SocketGroup, dev, cfg.Log)
 	if err != nil {
+		if dev.commit != nil {
+			dev.commit.close()
+		}
 		return nil, err
 	}
 	return &server{dev: dev, l: l}, nil
@@ -27,7 +30,15 @@ func serve(d Disk, cfg Config) (*server, error) {
 
 func (s *server) configChanged() { s.l.ConfigChanged() }
 
-func (s *server) close() error { return s.l.Close() }
+// close closes the listener (every queue stopped, so no write waits for
+// a commit), then the committer.
+func (s *server) close() error {
+	err := s.l.Close()
+	if s.dev.commit != nil {
+		s.dev.commit.close()
+	}
+	return err
+}
 
 func (s *server) stats() Stats {
 	st := s.dev.st.snapshot()

@@ -27,7 +27,12 @@
 // a loop, more descriptors than the table holds, a readable descriptor
 // after a writable one, a bad or nested indirect table, buffers that
 // overlap, more bytes than the limit) is refused with an error wrapping
-// ErrBadChain; its head is still consumed so the device can return it.
+// ErrBadChain; its head is still consumed so the device can return it. A
+// bad buffer (outside the memory table, out of order, past the limits) is
+// left out and the walk goes on, so that the device still finds the
+// chain's last writable byte to answer in (virtio-blk's status); a broken
+// structure (a loop, a next past the table, a bad indirect table) ends
+// the walk where it is.
 //
 // # Inflight
 //

@@ -3,41 +3,25 @@ package virtq
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
 
-// The split-ring inflight region of one queue (QEMU's libvhost-user
-// QueueRegionSplit; the vhost-user spec's "Inflight I/O tracking"): part
-// of the protocol's format, shared with the frontend, little endian.
-//
-//	offset 0  u64 features
-//	offset 8  u16 version (1; 0: never used)
-//	offset 10 u16 desc_num (the ring's size)
-//	offset 12 u16 last_batch_head
-//	offset 14 u16 used_idx
-//	offset 16 desc_num × DescStateSplit, 16 bytes each:
-//	          u8 inflight, 5 bytes padding, u16 next, u64 counter
-//
-// Each queue's region is InflightQueueSize(desc_num) bytes, queues one
-// after another.
+// Offsets in one queue's inflight region (its layout is package proto's,
+// InflightQueueSize bytes per queue): the header's fields, then each
+// descriptor's state (InflightDescSize bytes) and, in it, its fields.
 const (
-	inflightHeader    = 16
-	inflightDescSize  = 16
-	inflightAlign     = 64 // INFLIGHT_ALIGNMENT
-	inflightVersion   = 1
 	inflightOffVer    = 8
 	inflightOffNum    = 10
 	inflightOffBatch  = 12
 	inflightOffUsed   = 14
-	inflightOffCount  = 8 // within a DescStateSplit
 	inflightOffFlight = 0
+	inflightOffCount  = 8
 )
 
 // InflightQueueSize is the bytes of one queue's inflight region for a
 // ring of size entries.
-func InflightQueueSize(size uint16) int {
-	n := inflightHeader + inflightDescSize*int(size)
-	return (n + inflightAlign - 1) / inflightAlign * inflightAlign
-}
+func InflightQueueSize(size uint16) int { return proto.InflightQueueSize(int(size)) }
 
 // Inflight is one queue's inflight region.
 type Inflight struct {
@@ -55,7 +39,7 @@ func NewInflight(b []byte, size uint16) (*Inflight, error) {
 	}
 	in := &Inflight{b: b[:InflightQueueSize(size)], size: size}
 	if v := in.version(); v != 0 {
-		if v != inflightVersion {
+		if v != proto.InflightVersion {
 			return nil, fmt.Errorf("inflight region version %d: %w", v, ErrBadInflight)
 		}
 		if n := binary.LittleEndian.Uint16(in.b[inflightOffNum:]); n != size {
@@ -72,12 +56,12 @@ func (in *Inflight) version() uint16 { return binary.LittleEndian.Uint16(in.b[in
 
 func (in *Inflight) init() {
 	binary.LittleEndian.PutUint16(in.b[inflightOffNum:], in.size)
-	binary.LittleEndian.PutUint16(in.b[inflightOffVer:], inflightVersion)
+	binary.LittleEndian.PutUint16(in.b[inflightOffVer:], proto.InflightVersion)
 }
 
 func (in *Inflight) desc(h uint16) []byte {
-	o := inflightHeader + inflightDescSize*int(h)
-	return in.b[o : o+inflightDescSize]
+	o := proto.InflightHeaderSize + proto.InflightDescSize*int(h)
+	return in.b[o : o+proto.InflightDescSize]
 }
 
 func (in *Inflight) isInflight(h uint16) bool { return in.desc(h)[inflightOffFlight] == 1 }

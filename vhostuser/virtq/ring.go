@@ -5,22 +5,12 @@ import (
 	"fmt"
 	"sort"
 	"sync/atomic"
+
+	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
 
-// Split ring layout (virtio 1.2, 2.7): part of the virtio format.
-const (
-	descSize = 16 // struct virtq_desc: addr u64, len u32, flags u16, next u16
-
-	descFNext     = 1 // VIRTQ_DESC_F_NEXT
-	descFWrite    = 2 // VIRTQ_DESC_F_WRITE
-	descFIndirect = 4 // VIRTQ_DESC_F_INDIRECT
-
-	availFNoInterrupt = 1 // VIRTQ_AVAIL_F_NO_INTERRUPT
-	usedFNoNotify     = 1 // VIRTQ_USED_F_NO_NOTIFY
-
-	// MaxSize is the largest split ring (virtio 1.2: Queue Size ≤ 32768).
-	MaxSize = 32768
-)
+// MaxSize is the largest split ring (virtio 1.2: Queue Size ≤ 32768).
+const MaxSize = proto.MaxQueueSize
 
 // Options are what the device and the negotiated features allow.
 type Options struct {
@@ -61,6 +51,10 @@ type Chain struct {
 	NumRead  int    // how many of Bufs are readable
 	ReadLen  uint64 // bytes of the readable buffers
 	WriteLen uint64 // bytes of the writable buffers
+	// LastWrite is the chain's last device-writable buffer inside the
+	// memory table, even when a bad chain left it out of Bufs (where a
+	// device answers a request it refuses), or nil.
+	LastWrite []byte
 
 	order []int // scratch for the overlap check
 }
@@ -89,7 +83,7 @@ type Ring struct {
 // NewRing returns the ring at a in mem.
 func NewRing(mem *Memory, a Addrs, o Options) (*Ring, error) {
 	n := uint64(a.Size)
-	if n == 0 || n > MaxSize || n&(n-1) != 0 {
+	if !proto.ValidQueueSize(int(n)) {
 		return nil, fmt.Errorf("ring size %d: %w", n, ErrBadRing)
 	}
 	if a.LogUsed {
@@ -101,7 +95,7 @@ func NewRing(mem *Memory, a Addrs, o Options) (*Ring, error) {
 	}
 	r := &Ring{mem: mem, size: a.Size, o: o, lastAvail: a.LastAvail}
 	var ok1, ok2, ok3 bool
-	r.desc, ok1 = tr(a.Desc, descSize*n)
+	r.desc, ok1 = tr(a.Desc, proto.DescSize*n)
 	r.avail, ok2 = tr(a.Avail, 6+2*n) // flags, idx, ring[n], used_event
 	r.used, ok3 = tr(a.Used, 6+8*n)   // flags, idx, ring[n]{id, len}, avail_event
 	if !ok1 || !ok2 || !ok3 {
@@ -145,8 +139,8 @@ func (r *Ring) Pending() (int, error) {
 // Pop takes the next chain: first one to resubmit (Inflight), else the
 // next available. False when there is none. An error wrapping ErrBadRing
 // breaks the ring (nothing was taken); one wrapping ErrBadChain means the
-// head c.Head was taken but its chain is bad: c holds what was walked
-// before the fault, and the head must still be Pushed.
+// head c.Head was taken but its chain is bad: c holds the good buffers
+// walked (package doc), and the head must still be Pushed.
 func (r *Ring) Pop(c *Chain) (bool, error) {
 	if k := len(r.resubmit); k > 0 {
 		c.Head = r.resubmit[k-1]
@@ -164,7 +158,7 @@ func (r *Ring) Pop(c *Chain) (bool, error) {
 	c.Head = binary.LittleEndian.Uint16(r.avail[4+i:])
 	r.lastAvail++
 	if c.Head >= r.size {
-		c.Bufs, c.NumRead, c.ReadLen, c.WriteLen = c.Bufs[:0], 0, 0, 0
+		c.Bufs, c.NumRead, c.ReadLen, c.WriteLen, c.LastWrite = c.Bufs[:0], 0, 0, 0, nil
 		return true, fmt.Errorf("head %d of a ring of %d: %w", c.Head, r.size, ErrBadChain)
 	}
 	if r.inflight != nil {
@@ -175,26 +169,27 @@ func (r *Ring) Pop(c *Chain) (bool, error) {
 
 // walk reads the chain at c.Head into c.
 func (r *Ring) walk(c *Chain) error {
-	c.Bufs, c.NumRead, c.ReadLen, c.WriteLen = c.Bufs[:0], 0, 0, 0
+	c.Bufs, c.NumRead, c.ReadLen, c.WriteLen, c.LastWrite = c.Bufs[:0], 0, 0, 0, nil
 	table := r.desc
 	i := c.Head
 	indirect := false
+	var bad error // the first bad buffer
 	for seen := 0; ; seen++ {
-		if seen >= len(table)/descSize {
-			return fmt.Errorf("head %d: a loop, or more descriptors than the table's %d: %w", c.Head, len(table)/descSize, ErrBadChain)
+		if seen >= len(table)/proto.DescSize {
+			return fmt.Errorf("head %d: a loop, or more descriptors than the table's %d: %w", c.Head, len(table)/proto.DescSize, ErrBadChain)
 		}
-		d := table[int(i)*descSize : int(i+1)*descSize]
+		d := table[int(i)*proto.DescSize : int(i+1)*proto.DescSize]
 		addr := binary.LittleEndian.Uint64(d)
 		n := binary.LittleEndian.Uint32(d[8:])
 		flags := binary.LittleEndian.Uint16(d[12:])
 		next := binary.LittleEndian.Uint16(d[14:])
-		if flags&descFIndirect != 0 {
+		if flags&proto.DescFIndirect != 0 {
 			switch {
 			case !r.o.Indirect:
 				return fmt.Errorf("head %d: indirect descriptor not negotiated: %w", c.Head, ErrBadChain)
-			case indirect || seen > 0 || flags&descFNext != 0:
+			case indirect || seen > 0 || flags&proto.DescFNext != 0:
 				return fmt.Errorf("head %d: indirect descriptor not alone at the head: %w", c.Head, ErrBadChain)
-			case n == 0 || n%descSize != 0 || n/descSize > MaxSize:
+			case n == 0 || n%proto.DescSize != 0 || n/proto.DescSize > MaxSize:
 				return fmt.Errorf("head %d: indirect table of %d bytes: %w", c.Head, n, ErrBadChain)
 			}
 			t, ok := r.mem.Guest(addr, uint64(n))
@@ -205,23 +200,32 @@ func (r *Ring) walk(c *Chain) error {
 			continue
 		}
 		if n > 0 {
-			if err := r.add(c, addr, n, flags&descFWrite != 0); err != nil {
-				return err
+			// A bad buffer does not end the walk: the rest of the
+			// chain still gives the device the status byte to answer in.
+			if err := r.add(c, addr, n, flags&proto.DescFWrite != 0); err != nil && bad == nil {
+				bad = err
 			}
 		}
-		if flags&descFNext == 0 {
+		if flags&proto.DescFNext == 0 {
 			break
 		}
-		if int(next) >= len(table)/descSize {
-			return fmt.Errorf("head %d: next %d past the table's %d: %w", c.Head, next, len(table)/descSize, ErrBadChain)
+		if int(next) >= len(table)/proto.DescSize {
+			return fmt.Errorf("head %d: next %d past the table's %d: %w", c.Head, next, len(table)/proto.DescSize, ErrBadChain)
 		}
 		i = next
+	}
+	if bad != nil {
+		return bad
 	}
 	return checkOverlap(c)
 }
 
 // add appends one descriptor's buffer to c.
 func (r *Ring) add(c *Chain, addr uint64, n uint32, write bool) error {
+	data, ok := r.mem.Guest(addr, uint64(n))
+	if ok && write {
+		c.LastWrite = data
+	}
 	if len(c.Bufs) >= r.o.MaxBufs {
 		return fmt.Errorf("head %d: more than %d buffers: %w", c.Head, r.o.MaxBufs, ErrBadChain)
 	}
@@ -231,7 +235,6 @@ func (r *Ring) add(c *Chain, addr uint64, n uint32, write bool) error {
 	if !write && c.NumRead < len(c.Bufs) {
 		return fmt.Errorf("head %d: a readable buffer after a writable one: %w", c.Head, ErrBadChain)
 	}
-	data, ok := r.mem.Guest(addr, uint64(n))
 	if !ok {
 		return fmt.Errorf("head %d: buffer of %d bytes at %#x outside the memory table: %w", c.Head, n, addr, ErrBadChain)
 	}
@@ -293,19 +296,15 @@ func (r *Ring) Push(head uint16, written uint32) {
 func (r *Ring) NeedSignal() bool {
 	r.fence.Add(1) // the used index stored before the driver's event is loaded
 	if !r.o.EventIdx {
-		return load16(r.avail)&availFNoInterrupt == 0
+		return load16(r.avail)&proto.AvailFNoInterrupt == 0
 	}
 	old, valid := r.signalledUsed, r.signalledValid
 	r.signalledUsed, r.signalledValid = r.usedIdx, true
 	if !valid {
 		return true
 	}
-	return needEvent(load16(r.avail[4+2*uint64(r.size):]), r.usedIdx, old)
+	return proto.NeedEvent(load16(r.avail[4+2*uint64(r.size):]), r.usedIdx, old)
 }
-
-// needEvent is vring_need_event: whether moving an index from old to new
-// passed event.
-func needEvent(event, new, old uint16) bool { return new-event-1 < new-old }
 
 // EnableNotify asks the driver to kick for the next entry it makes
 // available (avail_event, or clearing NO_NOTIFY) and says whether entries
@@ -313,8 +312,8 @@ func needEvent(event, new, old uint16) bool { return new-event-1 < new-old }
 func (r *Ring) EnableNotify() bool {
 	if r.o.EventIdx {
 		store16(r.used[4+8*uint64(r.size):], r.lastAvail)
-	} else if r.usedFlags&usedFNoNotify != 0 {
-		r.usedFlags &^= usedFNoNotify
+	} else if r.usedFlags&proto.UsedFNoNotify != 0 {
+		r.usedFlags &^= proto.UsedFNoNotify
 		store16(r.used, r.usedFlags)
 	}
 	r.fence.Add(1) // the store above before the avail index's load
@@ -324,8 +323,8 @@ func (r *Ring) EnableNotify() bool {
 // DisableNotify tells the driver that kicks are not needed while the
 // device is busy (without EVENT_IDX; with it, avail_event stays behind).
 func (r *Ring) DisableNotify() {
-	if !r.o.EventIdx && r.usedFlags&usedFNoNotify == 0 {
-		r.usedFlags |= usedFNoNotify
+	if !r.o.EventIdx && r.usedFlags&proto.UsedFNoNotify == 0 {
+		r.usedFlags |= proto.UsedFNoNotify
 		store16(r.used, r.usedFlags)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"testing"
+
+	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
 
 // testMem is guest memory for tests: one region of a Go byte slice at
@@ -101,9 +103,9 @@ func TestPopPush(t *testing.T) {
 		t.Fatalf("empty ring: %v %v", ok, err)
 	}
 	// A virtio-blk shaped chain: header, data, status, not in table order.
-	d.desc(descAt, 3, dataAt, 16, descFNext, 5)
-	d.desc(descAt, 5, dataAt+4096, 4096, descFNext|descFWrite, 0)
-	d.desc(descAt, 0, dataAt+16, 1, descFWrite, 0)
+	d.desc(descAt, 3, dataAt, 16, proto.DescFNext, 5)
+	d.desc(descAt, 5, dataAt+4096, 4096, proto.DescFNext|proto.DescFWrite, 0)
+	d.desc(descAt, 0, dataAt+16, 1, proto.DescFWrite, 0)
 	d.offer(3)
 	var c Chain
 	ok, err := r.Pop(&c)
@@ -121,7 +123,7 @@ func TestPopPush(t *testing.T) {
 	if !r.NeedSignal() {
 		t.Fatal("no signal without NO_INTERRUPT")
 	}
-	binary.LittleEndian.PutUint16(d.at(availAt), availFNoInterrupt)
+	binary.LittleEndian.PutUint16(d.at(availAt), proto.AvailFNoInterrupt)
 	if r.NeedSignal() {
 		t.Fatal("signal despite NO_INTERRUPT")
 	}
@@ -137,10 +139,10 @@ func TestPopPush(t *testing.T) {
 func TestIndirect(t *testing.T) {
 	d := newDriver(t)
 	table := uint64(dataAt + 0x8000)
-	d.desc(table, 0, dataAt, 16, descFNext, 1)
-	d.desc(table, 1, dataAt+512, 512, descFNext, 2)
-	d.desc(table, 2, dataAt+1024, 1, descFWrite, 0)
-	d.desc(descAt, 2, table, 3*16, descFIndirect, 0)
+	d.desc(table, 0, dataAt, 16, proto.DescFNext, 1)
+	d.desc(table, 1, dataAt+512, 512, proto.DescFNext, 2)
+	d.desc(table, 2, dataAt+1024, 1, proto.DescFWrite, 0)
+	d.desc(descAt, 2, table, 3*16, proto.DescFIndirect, 0)
 	d.offer(2)
 	var c Chain
 	if _, err := d.ring(Options{}).Pop(&c); !errors.Is(err, ErrBadChain) {
@@ -163,38 +165,38 @@ func TestBadChains(t *testing.T) {
 		{"below", func(d *driver) { d.desc(descAt, 0, 0, 16, 0, 0) }},
 		{"wraps", func(d *driver) { d.desc(descAt, 0, ^uint64(0)-4, 16, 0, 0) }},
 		{"loop", func(d *driver) {
-			d.desc(descAt, 0, dataAt, 16, descFNext, 1)
-			d.desc(descAt, 1, dataAt+16, 16, descFNext, 0)
+			d.desc(descAt, 0, dataAt, 16, proto.DescFNext, 1)
+			d.desc(descAt, 1, dataAt+16, 16, proto.DescFNext, 0)
 		}},
-		{"self loop", func(d *driver) { d.desc(descAt, 0, dataAt, 16, descFNext, 0) }},
-		{"next past table", func(d *driver) { d.desc(descAt, 0, dataAt, 16, descFNext, ringSize) }},
+		{"self loop", func(d *driver) { d.desc(descAt, 0, dataAt, 16, proto.DescFNext, 0) }},
+		{"next past table", func(d *driver) { d.desc(descAt, 0, dataAt, 16, proto.DescFNext, ringSize) }},
 		{"read after write", func(d *driver) {
-			d.desc(descAt, 0, dataAt, 16, descFNext|descFWrite, 1)
+			d.desc(descAt, 0, dataAt, 16, proto.DescFNext|proto.DescFWrite, 1)
 			d.desc(descAt, 1, dataAt+16, 16, 0, 0)
 		}},
 		{"overlap", func(d *driver) {
-			d.desc(descAt, 0, dataAt, 16, descFNext, 1)
-			d.desc(descAt, 1, dataAt+8, 16, descFWrite, 0)
+			d.desc(descAt, 0, dataAt, 16, proto.DescFNext, 1)
+			d.desc(descAt, 1, dataAt+8, 16, proto.DescFWrite, 0)
 		}},
 		{"overlaps the ring", func(d *driver) {
 			// Allowed: the device does not police where buffers point
 			// inside shared memory, only that they are inside it.
 		}},
 		{"indirect with next", func(d *driver) {
-			d.desc(descAt, 0, table, 16, descFIndirect|descFNext, 1)
+			d.desc(descAt, 0, table, 16, proto.DescFIndirect|proto.DescFNext, 1)
 			d.desc(table, 0, dataAt, 16, 0, 0)
 		}},
 		{"nested indirect", func(d *driver) {
-			d.desc(descAt, 0, table, 16, descFIndirect, 0)
-			d.desc(table, 0, table, 16, descFIndirect, 0)
+			d.desc(descAt, 0, table, 16, proto.DescFIndirect, 0)
+			d.desc(table, 0, table, 16, proto.DescFIndirect, 0)
 		}},
-		{"indirect odd size", func(d *driver) { d.desc(descAt, 0, table, 15, descFIndirect, 0) }},
-		{"indirect empty", func(d *driver) { d.desc(descAt, 0, table, 0, descFIndirect, 0) }},
-		{"indirect outside", func(d *driver) { d.desc(descAt, 0, base+memSize-16, 32, descFIndirect, 0) }},
+		{"indirect odd size", func(d *driver) { d.desc(descAt, 0, table, 15, proto.DescFIndirect, 0) }},
+		{"indirect empty", func(d *driver) { d.desc(descAt, 0, table, 0, proto.DescFIndirect, 0) }},
+		{"indirect outside", func(d *driver) { d.desc(descAt, 0, base+memSize-16, 32, proto.DescFIndirect, 0) }},
 		{"indirect loop", func(d *driver) {
-			d.desc(descAt, 0, table, 32, descFIndirect, 0)
-			d.desc(table, 0, dataAt, 16, descFNext, 1)
-			d.desc(table, 1, dataAt+16, 16, descFNext, 0)
+			d.desc(descAt, 0, table, 32, proto.DescFIndirect, 0)
+			d.desc(table, 0, dataAt, 16, proto.DescFNext, 1)
+			d.desc(table, 1, dataAt+16, 16, proto.DescFNext, 0)
 		}},
 		{"too long", func(d *driver) { d.desc(descAt, 0, dataAt, 0x8000, 0, 0) }},
 	} {
@@ -246,20 +248,6 @@ func TestBadRing(t *testing.T) {
 	var c Chain
 	if ok, err := r.Pop(&c); !ok || !errors.Is(err, ErrBadChain) {
 		t.Errorf("head past the ring: %v %v", ok, err)
-	}
-}
-
-func TestNeedEvent(t *testing.T) {
-	for _, c := range []struct {
-		event, new, old uint16
-		want            bool
-	}{
-		{0, 1, 0, true}, {1, 1, 0, false}, {0, 5, 1, false}, {4, 5, 4, true}, {3, 5, 1, true},
-		{0xffff, 0, 0xffff, true}, {0xfffe, 1, 0xfffd, true}, {7, 5, 1, false},
-	} {
-		if got := needEvent(c.event, c.new, c.old); got != c.want {
-			t.Errorf("needEvent(%d, %d, %d) = %v", c.event, c.new, c.old, got)
-		}
 	}
 }
 
@@ -324,7 +312,7 @@ func TestInflightResubmit(t *testing.T) {
 	// backend must not resubmit it.
 	r.Push(6, 0)
 	binary.LittleEndian.PutUint16(region[inflightOffUsed:], 1)
-	region[inflightHeader+inflightDescSize*6] = 1
+	region[proto.InflightHeaderSize+proto.InflightDescSize*6] = 1
 	in2, err := NewInflight(region, ringSize)
 	if err != nil {
 		t.Fatal(err)
