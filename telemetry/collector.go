@@ -62,7 +62,7 @@ var (
 	dVhostBytes      = desc("vhost_user_request_bytes_total", "Bytes transferred (read, write) or covered (discard, write_zeroes) by a vhost-user device's requests.", "disk", "socket", "op")
 	dVhostLatency    = desc("vhost_user_request_latency_seconds", "Latency of a vhost-user device's requests, from the available ring to the used ring.", "disk", "socket", "op")
 	dVhostInflight   = desc("vhost_user_inflight_requests", "Requests a vhost-user device has taken from its queues and not completed.", "disk", "socket")
-	dVhostEvents     = desc("vhost_user_events_total", "Events of a vhost-user device: frontends connected (connects), connected after the first (reconnects), refused while one was served (refused), requests resubmitted after a reconnect (resubmitted), served on the blocking path (fallbacks), with bad descriptors (bad), of unsupported types (unsupported).", "disk", "socket", "event")
+	dVhostEvents     = desc("vhost_user_events_total", "Events of a vhost-user device: frontends connected (connects), connected after the first (reconnects), refused while one was served (refused), requests resubmitted after a reconnect (resubmitted), served on the blocking path (fallbacks), writes returned only after a commit made them survive a restart (held), with bad descriptors (bad), of unsupported types (unsupported).", "disk", "socket", "event")
 	dVhostConnected  = desc("vhost_user_connected", "1 while a frontend is connected to a disk's vhost-user socket, else 0.", "disk", "socket")
 	dStoreFailed     = desc("store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.")
 )
@@ -192,7 +192,7 @@ func collectVhost(ch chan<- prometheus.Metric, u VhostUser) {
 		name string
 		n    uint64
 	}{{"connects", st.Connects}, {"reconnects", st.Reconnects}, {"refused", st.Refused}, {"resubmitted", st.Resubmitted},
-		{"fallbacks", st.Fallbacks}, {"bad", st.Bad}, {"unsupported", st.Unsupported}} {
+		{"fallbacks", st.Fallbacks}, {"held", st.Held}, {"bad", st.Bad}, {"unsupported", st.Unsupported}} {
 		ch <- prometheus.MustNewConstMetric(dVhostEvents, prometheus.CounterValue, float64(ev.n), u.Disk, u.Socket, ev.name)
 	}
 	connected := 0.0

@@ -277,7 +277,8 @@ func TestVMVhostUserVdiskfs(t *testing.T) {
 // (acknowledged-before-kill-flushed-after): its writes completed before
 // the kill were acknowledged by the dead daemon and not yet flushed, and
 // the flush that ends the step, answered by the new daemon, tells the
-// guest they are durable.
+// guest they are durable, so the door must not return a write the next
+// daemon would not read back.
 func TestVMVhostUserDaemonKill(t *testing.T) {
 	requireRoot(t)
 	start := time.Now()
