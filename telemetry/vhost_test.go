@@ -12,9 +12,10 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
 )
 
@@ -65,7 +66,7 @@ func (v vhostSource) VhostUsers() []VhostUser {
 // without the door answers 404.
 func TestVhostUserNeedsWrite(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the test's directories must not belong to the made-up peer (uid 1000): run as root")
+		testutil.Missing(t, "root: the test's directories must not belong to the made-up peer (uid 1000)")
 	}
 	src := vhostSource{storeSource: newSource(t), served: map[string]VhostUser{}}
 	addSecret(t, src.storeSource) // 0600 root
@@ -154,10 +155,10 @@ func TestVhostUserMetrics(t *testing.T) {
 # TYPE vdiskfs_vhost_user_inflight_requests gauge
 vdiskfs_vhost_user_inflight_requests{disk="vm.raw",socket="/run/vm.sock"} 2
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "vdiskfs_vhost_user_inflight_requests"); err != nil {
+	if err := promtest.GatherAndCompare(reg, strings.NewReader(want), "vdiskfs_vhost_user_inflight_requests"); err != nil {
 		t.Error(err)
 	}
-	n, err := testutil.GatherAndCount(reg, "vdiskfs_vhost_user_request_latency_seconds")
+	n, err := promtest.GatherAndCount(reg, "vdiskfs_vhost_user_request_latency_seconds")
 	if err != nil || n != 6 {
 		t.Errorf("latency histograms: %d (%v), want one per request type (6)", n, err)
 	}
