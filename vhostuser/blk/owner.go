@@ -72,6 +72,7 @@ type owner struct {
 		done, spare []*request
 		sleeping    bool
 		stop        bool
+		exited      bool // efd is closed
 	}
 	work   chan *request
 	wg     sync.WaitGroup // workers
@@ -118,18 +119,22 @@ func startOwner(d *device, q *vhostuser.Queue) (*owner, error) {
 func (o *owner) stop() {
 	o.mu.Lock()
 	o.mu.stop = true
+	if !o.mu.exited { // as in finish
+		iouring.Notify(o.efd)
+	}
 	o.mu.Unlock()
-	iouring.Notify(o.efd)
 	<-o.exited
 }
 
 // finish hands a request a worker served back to the owner.
 func (o *owner) finish(r *request) {
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	o.mu.done = append(o.mu.done, r)
-	sleeping := o.mu.sleeping // the owner clears it when it wakes
-	o.mu.Unlock()
-	if sleeping {
+	// Under mu: the owner closes the eventfd under mu too, and a finish
+	// that lost the race with the owner's exit must not write to a
+	// descriptor number that may have been reused.
+	if o.mu.sleeping && !o.mu.exited {
 		iouring.Notify(o.efd)
 	}
 }
@@ -137,7 +142,12 @@ func (o *owner) finish(r *request) {
 func (o *owner) own(started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
 	defer close(o.exited)
-	defer unix.Close(o.efd)
+	defer func() {
+		o.mu.Lock()
+		o.mu.exited = true
+		unix.Close(o.efd)
+		o.mu.Unlock()
+	}()
 	defer func() {
 		close(o.work)
 		o.wg.Wait()
@@ -274,8 +284,11 @@ func (o *owner) take(rg *iouring.Ring) {
 
 // bad answers a request whose chain or header broke the rules.
 func (o *owner) bad(r *request, err error) {
-	o.d.st.bad.Add(1)
-	o.log.WithError(err).Warn("vhost-user: bad request")
+	// A guest can send bad requests as fast as good ones: the first few
+	// are logged, then only every power of two, with the count.
+	if n := o.d.st.bad.Add(1); n <= 8 || n&(n-1) == 0 {
+		o.log.WithError(err).WithField("bad_requests", n).Warn("vhost-user: bad request")
+	}
 	r.op, r.status = -1, statusIOErr
 	o.complete(r)
 }
