@@ -2,14 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/telemetry"
 )
 
 // lsEntry is one disk in `vdisk ls --json`.
@@ -35,6 +38,9 @@ type lsEntry struct {
 	Clone     bool   `json:"clone"`
 	Origin    string `json:"origin"`
 	OriginID  uint64 `json:"origin_id,omitempty"`
+	// VhostUser is the sockets the disk is served on (vdisk vhost-user),
+	// for a store listed through its mount.
+	VhostUser []string `json:"vhost_user,omitempty"`
 }
 
 // lsEntryOf is the JSON entry of a disk.
@@ -59,7 +65,9 @@ smaller I/Os), modification time, and origin: "snapshot of DISK" or "clone of
 DISK" (a whole-disk cp on the mount), else "-".
 
 STORE may be mounted: given its mount point, or its path while a daemon
-serves it, ls asks the daemon, and lists what the mount shows now.`,
+serves it, ls asks the daemon, and lists what the mount shows now, with
+the sockets each disk is served on as a vhost-user-blk device (a
+VHOST-USER column, when any is).`,
 		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			a, err := e.openAccess(args[0], "ls", true)
@@ -71,10 +79,22 @@ serves it, ls asks the daemon, and lists what the mount shows now.`,
 			if err != nil {
 				return err
 			}
+			served := map[string][]string{} // disk -> sockets
+			if m, ok := a.(mountedStore); ok {
+				us, err := telemetry.VhostUsers(m.mnt)
+				if err != nil && !errors.Is(err, image.ErrNotExist) { // a daemon without the door answers 404
+					return err
+				}
+				for _, u := range us {
+					served[u.Disk] = append(served[u.Disk], u.Socket)
+				}
+			}
 			if asJSON {
 				out := make([]lsEntry, 0, len(disks))
 				for _, d := range disks {
-					out = append(out, lsEntryOf(d))
+					le := lsEntryOf(d)
+					le.VhostUser = served[d.Name]
+					out = append(out, le)
 				}
 				return writeJSON(e, out)
 			}
@@ -83,11 +103,23 @@ serves it, ls asks the daemon, and lists what the mount shows now.`,
 				size = func(n int64) string { return strconv.FormatInt(n, 10) }
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN")
+			header := "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN"
+			if len(served) > 0 {
+				header += "\tVHOST-USER"
+			}
+			fmt.Fprintln(tw, header)
 			for _, d := range disks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Name, size(d.Size), size(d.Allocated),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s", d.Name, size(d.Size), size(d.Allocated),
 					size(d.Allocated-d.Shared), size(d.Shared), d.Extents, size(avgExtent(d.Allocated, d.Extents)),
 					d.Mtime.Local().Format("2006-01-02 15:04:05"), originOf(d))
+				if len(served) > 0 {
+					socks := "-"
+					if len(served[d.Name]) > 0 {
+						socks = strings.Join(served[d.Name], ",")
+					}
+					fmt.Fprintf(tw, "\t%s", socks)
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},
