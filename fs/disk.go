@@ -132,6 +132,7 @@ func (n *diskNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Att
 // Setattr changes the size (truncate) and the mode, owner and times.
 func (n *diskNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	var info image.DiskInfo
+	resized := false
 	err := n.withHandle(f, func(h *image.Disk) error {
 		if size, ok := in.GetSize(); ok {
 			if size > math.MaxInt64 {
@@ -140,6 +141,7 @@ func (n *diskNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetA
 			if err := h.Truncate(int64(size)); err != nil {
 				return err
 			}
+			resized = true
 		}
 		var c image.AttrChange
 		change := false
@@ -166,6 +168,9 @@ func (n *diskNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetA
 		info = h.Stat()
 		return nil
 	})
+	if resized {
+		n.vfs.vhost.resized(n.id) // before the error: a mode change may fail after the truncate
+	}
 	if err != nil {
 		return n.vfs.toErrno(err, "setattr", n.fields())
 	}
@@ -419,6 +424,9 @@ func (f *diskFile) Allocate(ctx context.Context, off uint64, size uint64, mode u
 		err = f.disk.ZeroRange(o, n, true)
 	default:
 		return syscall.EOPNOTSUPP
+	}
+	if err == nil && mode&fallocKeepSize == 0 {
+		f.vfs.vhost.resized(f.node.id) // it may have grown the disk
 	}
 	if err == nil {
 		err = f.vfs.makeDurable(f.sync)

@@ -19,6 +19,10 @@
 //	(diskFile)       Flush (nothing), Release (Disk.Close), Allocate
 //	                 (fallocate), Lseek (SEEK_DATA, SEEK_HOLE)
 //
+// Beside the files, a mount may serve disks as vhost-user-blk devices
+// (Options.VhostServe, Server.ServeVhostUser, Options.VhostUserDir):
+// vhost.go says when servers start, move and stop.
+//
 // A disk's inode number is its store id + 1 (ids never change and are
 // never reused; 1 is the root). Its mode is S_IFREG with the permission
 // bits of the catalog, nlink 1, st_blocks the allocated bytes / 512 (du is

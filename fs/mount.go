@@ -65,6 +65,16 @@ type Options struct {
 	// first, turns the fuse module's enable_uring on where it may.
 	Transport Transport
 
+	// VhostServe serves a disk on the vhost-user door (vhost.go); nil
+	// is the real device (tests put a fake in its place). VhostUserDir, when not "", is a directory in
+	// which every disk is served as NAME.sock; VhostUserQueues is the
+	// most queues a device offers (0: one per CPU); VhostUserGroup, when
+	// not nil, is the gid the sockets are given (0660; else 0600).
+	VhostServe      VhostServe
+	VhostUserDir    string
+	VhostUserQueues int
+	VhostUserGroup  *int
+
 	// pageCache makes buffered (non-O_DIRECT) opens use the kernel page
 	// cache instead of direct_io. For the benchmark that chose direct_io
 	// (BenchmarkBufferedOpen; docs/BENCHMARKS.md, "Buffered opens").
@@ -160,6 +170,7 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 		if ring := <-ringc; ring != nil {
 			ring.Close()
 		}
+		v.vhost.closeAll()
 		v.closeAll()
 		close(s.done)
 	}()
@@ -185,6 +196,10 @@ func Mount(store *image.Store, mountpoint string, opts Options) (*Server, error)
 		fields["fuse_transport_reason"] = noRing.Error()
 	}
 	lg.WithFields(fields).Info("mounted")
+	if err := v.vhost.serveAll(); err != nil {
+		_ = s.Unmount()
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
 	return s, nil
 }
 
@@ -317,6 +332,7 @@ func (s *Server) showNew(what, name string) func(image.DiskInfo, error) (image.D
 		if err := s.InvalidateDisk(name); err != nil {
 			s.log.WithError(err).WithField("disk", name).Warn(what + " made, but the kernel was not told of its name; it shows once the entry times out")
 		}
+		s.vfs.vhost.created(name)
 		return info, nil
 	}
 }
@@ -355,6 +371,7 @@ func (s *Server) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (t
 	if err := s.InvalidateDisk(name); err != nil {
 		s.log.WithError(err).WithField("disk", name).Warn("disk received, but the kernel was not told of its name; it shows once the entry times out")
 	}
+	s.vfs.vhost.created(name)
 	return st, nil
 }
 

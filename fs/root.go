@@ -131,11 +131,15 @@ func (r *rootNode) Create(ctx context.Context, name string, flags uint32, mode u
 			h.Close()
 			return nil, nil, 0, r.vfs.toErrno(err, "create", fields)
 		}
+		r.vfs.vhost.resized(h.ID())
 	}
 	ch := r.child(ctx, h.Stat(), out)
 	f, fuseFlags, e := r.vfs.newFile(ch.Operations().(*diskNode), h, flags)
 	if e != 0 {
 		return nil, nil, 0, e
+	}
+	if !existed {
+		r.vfs.vhost.created(name)
 	}
 	return ch, f, fuseFlags, 0
 }
@@ -155,6 +159,7 @@ func (r *rootNode) Mknod(ctx context.Context, name string, mode uint32, dev uint
 	if err != nil {
 		return nil, r.vfs.toErrno(err, "mknod", logrus.Fields{"disk": name})
 	}
+	r.vfs.vhost.created(name)
 	return r.child(ctx, info, out), 0
 }
 
@@ -184,6 +189,9 @@ func (r *rootNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *
 func (r *rootNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if e := checkName(name); e != 0 {
 		return syscall.ENOENT
+	}
+	if info, err := r.vfs.store.Stat(name); err == nil {
+		r.vfs.vhost.removing(info.ID) // its servers go first
 	}
 	if err := r.vfs.store.Remove(name); err != nil {
 		return r.vfs.toErrno(err, "unlink", logrus.Fields{"disk": name})
@@ -221,8 +229,17 @@ func (r *rootNode) Rename(ctx context.Context, name string, newParent gofs.Inode
 			return syscall.EEXIST
 		}
 	}
+	// A disk the rename replaces loses its servers first, as on unlink.
+	if old, err := r.vfs.store.Stat(newName); err == nil {
+		if info, err := r.vfs.store.Stat(name); err == nil && info.ID != old.ID {
+			r.vfs.vhost.removing(old.ID)
+		}
+	}
 	if err := r.vfs.store.Rename(name, newName); err != nil {
 		return r.vfs.toErrno(err, "rename", fields)
+	}
+	if info, err := r.vfs.store.Stat(newName); err == nil {
+		r.vfs.vhost.renamed(info.ID, newName)
 	}
 	if ch := r.GetChild(name); ch != nil {
 		if dn, ok := ch.Operations().(*diskNode); ok {

@@ -25,6 +25,7 @@ type vfs struct {
 	// mount time.
 	uid, gid uint32
 	mounted  time.Time
+	vhost    *vhostSet // the disks served on vhost-user (vhost.go)
 
 	mu struct {
 		sync.Mutex
@@ -66,6 +67,7 @@ func newVFS(store *image.Store, lg logrus.FieldLogger, opts Options) *vfs {
 		uid:           uint32(os.Geteuid()),
 		gid:           uint32(os.Getegid()),
 		mounted:       time.Now(),
+		vhost:         newVhostSet(store, lg, opts),
 	}
 	if opts.pageCache {
 		v.bufferedFlags = pageCacheOpenFlags

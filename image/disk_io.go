@@ -235,3 +235,9 @@ func (h *Disk) SyncData() error {
 	}
 	return nil
 }
+
+// MappingsDurable says whether every mapping change made so far (by
+// writes, punches, truncates) is durable: a process that opens the store
+// after this one dies reads back every write completed before the call.
+// False means a commit (CommitData) is needed for that.
+func (s *Store) MappingsDurable() bool { return s.mappingsDurable() }

@@ -23,7 +23,6 @@ package telemetry
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/url"
 	"time"
@@ -103,24 +102,5 @@ func Defrag(mountpoint, disk string) (image.DefragResult, error) {
 // getJSON makes the request method /what of the mount's socket and decodes
 // its JSON answer into v, waiting at most timeout (0: as long as it takes).
 func getJSON(mountpoint, method, what string, timeout time.Duration, v any) error {
-	c, abs, sock, err := client(mountpoint, timeout)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequest(method, "http://vdiskfs/"+what, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errorOf(resp)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		return fmt.Errorf("%s of %s: %w", what, abs, err)
-	}
-	return nil
+	return doJSON(mountpoint, method, what, nil, http.StatusOK, timeout, v)
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
 )
 
 // Collector turns snapshots of a Source into Prometheus metrics at each
@@ -66,6 +67,13 @@ var families = []struct {
 	{"plan_declines_total", "Requests a door's queue thread could not plan without waiting, by reason; they were served on the path that may block (image.Decline).", []string{"reason"}},
 	{"disks_locked", "Encrypted disks whose key has not been given (vdisk unlock): listed, but their data cannot be read or written.", nil},
 	{"crypt_bytes_total", "Bytes of encrypted disks encrypted for writes and decrypted after reads, in whole blocks.", []string{"op"}},
+	{"vhost_user_requests_total", "Requests completed by a disk's vhost-user device, by type.", []string{"disk", "socket", "op"}},
+	{"vhost_user_request_errors_total", "Requests a vhost-user device completed with VIRTIO_BLK_S_IOERR, by type.", []string{"disk", "socket", "op"}},
+	{"vhost_user_request_bytes_total", "Bytes transferred (read, write) or covered (discard, write_zeroes) by a vhost-user device's requests.", []string{"disk", "socket", "op"}},
+	{"vhost_user_request_latency_seconds", "Latency of a vhost-user device's requests, from the available ring to the used ring.", []string{"disk", "socket", "op"}},
+	{"vhost_user_inflight_requests", "Requests a vhost-user device has taken from its queues and not completed.", []string{"disk", "socket"}},
+	{"vhost_user_events_total", "Events of a vhost-user device: frontends connected (connects), connected after the first (reconnects), refused while one was served (refused), requests resubmitted after a reconnect (resubmitted), served on the blocking path (fallbacks), writes returned only after a commit made them survive a restart (held), with bad descriptors (bad), of unsupported types (unsupported).", []string{"disk", "socket", "event"}},
+	{"vhost_user_connected", "1 while a frontend is connected to a disk's vhost-user socket, else 0.", []string{"disk", "socket"}},
 	{"store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.", nil},
 }
 
@@ -150,6 +158,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge("disks_locked", float64(m.LockedDisks))
 	counter("crypt_bytes_total", k.EncryptedBytes, "encrypt")
 	counter("crypt_bytes_total", k.DecryptedBytes, "decrypt")
+	if vs, ok := c.src.(VhostSource); ok {
+		for _, u := range vs.VhostUsers() {
+			c.collectVhost(ch, u)
+		}
+	}
 	failed := 0.0
 	if m.Failed {
 		failed = 1
@@ -167,4 +180,44 @@ func constHistogram(d *prometheus.Desc, h image.HistogramSnapshot, labels ...str
 		buckets[b] = cum
 	}
 	return prometheus.MustNewConstHistogram(d, h.Count, h.Sum, buckets, labels...)
+}
+
+// collectVhost sends the metrics of one served disk.
+func (c *Collector) collectVhost(ch chan<- prometheus.Metric, u VhostUser) {
+	st := u.Stats
+	for _, op := range []struct {
+		name string
+		s    blk.OpStats
+	}{{"read", st.Read}, {"write", st.Write}, {"flush", st.Flush}, {"discard", st.Discard}, {"write_zeroes", st.WriteZeroes}, {"get_id", st.GetID}} {
+		ch <- prometheus.MustNewConstMetric(c.descs["vhost_user_requests_total"], prometheus.CounterValue, float64(op.s.Requests), u.Disk, u.Socket, op.name)
+		ch <- prometheus.MustNewConstMetric(c.descs["vhost_user_request_errors_total"], prometheus.CounterValue, float64(op.s.Errors), u.Disk, u.Socket, op.name)
+		ch <- prometheus.MustNewConstMetric(c.descs["vhost_user_request_bytes_total"], prometheus.CounterValue, float64(op.s.Bytes), u.Disk, u.Socket, op.name)
+		ch <- c.vhostHistogram(op.s.Latency, u.Disk, u.Socket, op.name)
+	}
+	ch <- prometheus.MustNewConstMetric(c.descs["vhost_user_inflight_requests"], prometheus.GaugeValue, float64(st.Inflight), u.Disk, u.Socket)
+	for _, ev := range []struct {
+		name string
+		n    uint64
+	}{{"connects", st.Connects}, {"reconnects", st.Reconnects}, {"refused", st.Refused}, {"resubmitted", st.Resubmitted},
+		{"fallbacks", st.Fallbacks}, {"held", st.Held}, {"bad", st.Bad}, {"unsupported", st.Unsupported}} {
+		ch <- prometheus.MustNewConstMetric(c.descs["vhost_user_events_total"], prometheus.CounterValue, float64(ev.n), u.Disk, u.Socket, ev.name)
+	}
+	connected := 0.0
+	if st.Connected {
+		connected = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.descs["vhost_user_connected"], prometheus.GaugeValue, connected, u.Disk, u.Socket)
+}
+
+// vhostHistogram converts a device's latency buckets (per bucket, the
+// last past blk.LatencyBounds) to Prometheus' cumulative ones.
+func (c *Collector) vhostHistogram(l blk.Latency, labels ...string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(blk.LatencyBounds))
+	var cum uint64
+	for i, b := range blk.LatencyBounds {
+		cum += l.Buckets[i]
+		buckets[b.Seconds()] = cum
+	}
+	count := cum + l.Buckets[len(blk.LatencyBounds)]
+	return prometheus.MustNewConstHistogram(c.descs["vhost_user_request_latency_seconds"], count, l.Sum.Seconds(), buckets, labels...)
 }

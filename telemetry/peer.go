@@ -239,27 +239,40 @@ type guard struct {
 // mayRead reports whether p may read a disk with d's mode and owners, as
 // the kernel's default_permissions check decides.
 func mayRead(p Peer, d image.DiskInfo) bool {
+	return permits(p, d.Mode, d.UID, d.GID, 0o4)
+}
+
+// permits reports whether p has the permission bit want (0o4 read, 0o2
+// write, 0o1 search) on a file with mode, uid and gid, as the kernel
+// decides for a directory or a file without execute bits: root has them
+// all.
+func permits(p Peer, mode, uid, gid uint32, want uint32) bool {
 	switch {
 	case p.UID == 0:
 		return true
-	case p.UID == d.UID:
-		return d.Mode&0o400 != 0
-	case p.inGroup(d.GID):
-		return d.Mode&0o040 != 0
+	case p.UID == uid:
+		return mode&(want<<6) != 0
+	case p.inGroup(gid):
+		return mode&(want<<3) != 0
 	}
-	return d.Mode&0o004 != 0
+	return mode&want != 0
 }
 
 // readable returns an error matching fs.ErrPermission when the peer may
 // not read the disk name, or Stat's error.
-func (g guard) readable(name string) error {
+func (g guard) readable(name string) error { return g.mayAccess(name, 0o4, "read") }
+
+// mayAccess returns an error matching fs.ErrPermission when the peer has
+// not the permission bit want (verb, for the message) on the disk name,
+// or Stat's error.
+func (g guard) mayAccess(name string, want uint32, verb string) error {
 	info, err := g.Controller.Stat(name)
 	if err != nil {
 		return err
 	}
-	if !mayRead(g.peer, info) {
-		return fmt.Errorf("%w: %s may not read disk %q (mode %04o, %s, %s)", fs.ErrPermission,
-			describeUID(g.peer.UID), name, info.Mode&0o7777, describeUID(info.UID), describeGID(info.GID))
+	if !permits(g.peer, info.Mode, info.UID, info.GID, want) {
+		return fmt.Errorf("%w: %s may not %s disk %q (mode %04o, %s, %s)", fs.ErrPermission,
+			describeUID(g.peer.UID), verb, name, info.Mode&0o7777, describeUID(info.UID), describeGID(info.GID))
 	}
 	return nil
 }

@@ -4,7 +4,8 @@
 // stats need no flags at mount time. The socket also takes the few requests
 // an operator makes of a running mount (`vdisk sync MNT`: POST /sync;
 // `vdisk snapshot MNT/DISK NAME` and `vdisk clone MNT/DISK NAME`: POST
-// /snapshot; diff, send and receive; ls, info and fsck: catalog.go); the
+// /snapshot; diff, send and receive; ls, info and fsck: catalog.go; the
+// vhost-user door: vhost.go); the
 // TCP listener never does: it has no authentication, and most of these
 // change the store.
 //
@@ -120,6 +121,9 @@ type Stats struct {
 	PID        int                                `json:"pid"`
 	Metrics    image.Metrics                      `json:"store_metrics"`
 	FUSE       map[string]image.HistogramSnapshot `json:"fuse_ops"`
+	// VhostUser is the disks served on vhost-user, when the mount
+	// serves any (its Source is a VhostSource).
+	VhostUser []VhostUser `json:"vhost_user,omitempty"`
 }
 
 // Handler serves GET /stats (JSON) and GET /metrics (Prometheus text).
@@ -131,6 +135,9 @@ func Handler(src Source, mountpoint, store string) http.Handler {
 	mux.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
 		st := Stats{Time: time.Now(), Mountpoint: mountpoint, Store: store, PID: os.Getpid(),
 			Metrics: src.Metrics(), FUSE: src.OpMetrics()}
+		if vs, ok := src.(VhostSource); ok {
+			st.VhostUser = vs.VhostUsers()
+		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(st)
 	})
@@ -270,6 +277,9 @@ func withControl(h http.Handler, ctl Controller) http.Handler {
 	handleTransfers(mux, ctl)
 	handleCatalog(mux, ctl)
 	handleKeys(mux, ctl)
+	if g, ok := ctl.(guard); ok {
+		handleVhostUser(mux, g)
+	}
 	return mux
 }
 

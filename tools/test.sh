@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*"; }
 
-# Debian packages the tests use: fio, qemu-img and a QEMU guest (with a static
+# Debian packages the tests use: fio, qemu-img, qemu-storage-daemon (the
+# reference vhost-user-blk server of vhostuser/frontend's tests) and a QEMU guest (with a static
 # busybox initramfs) drive real clients through the mount, e2fsprogs and
 # util-linux (losetup, unshare) the file-system tests, fuse3 gives
 # fusermount for non-root fallbacks and mount.fuse3 for mount -t fuse.vdisk,
@@ -24,7 +25,7 @@ log() { printf '\n== %s\n' "$*"; }
 # man pages, dpkg-deb lists the package. Some tests install what is missing
 # themselves too.
 need_pkgs=()
-for pair in fio:fio qemu-img:qemu-utils qemu-system-x86_64:qemu-system-x86 /bin/busybox:busybox-static mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3 systemd-analyze:systemd man:man-db dpkg-deb:dpkg; do
+for pair in fio:fio qemu-img:qemu-utils qemu-system-x86_64:qemu-system-x86 qemu-storage-daemon:qemu-system-common /bin/busybox:busybox-static mkfs.ext4:e2fsprogs losetup:util-linux fusermount3:fuse3 systemd-analyze:systemd man:man-db dpkg-deb:dpkg; do
 	cmd=${pair%%:*} pkg=${pair##*:}
 	command -v "$cmd" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done

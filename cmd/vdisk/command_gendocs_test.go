@@ -17,7 +17,7 @@ func TestGendocs(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, "gendocs", dir)
 	for _, c := range []string{"", "-format", "-mount", "-umount", "-create", "-ls", "-info", "-rm", "-resize", "-rename",
-		"-snapshot", "-upgrade", "-import", "-export", "-fsck", "-defrag", "-diff", "-send", "-receive", "-stats", "-version"} {
+		"-snapshot", "-upgrade", "-import", "-export", "-fsck", "-defrag", "-diff", "-send", "-receive", "-stats", "-vhost-user", "-version"} {
 		page := filepath.Join(dir, "man", "man1", "vdisk"+c+".1")
 		b, err := os.ReadFile(page)
 		if err != nil {

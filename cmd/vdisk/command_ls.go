@@ -2,14 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/vdiskfs/vdiskfs/image"
+	"github.com/vdiskfs/vdiskfs/telemetry"
 )
 
 // lsEntry is one disk in `vdisk ls --json`.
@@ -39,6 +42,9 @@ type lsEntry struct {
 	// been given to the mount (vdisk unlock, mount --key-dir).
 	Encrypted bool `json:"encrypted"`
 	Locked    bool `json:"locked"`
+	// VhostUser is the sockets the disk is served on (vdisk vhost-user),
+	// for a store listed through its mount.
+	VhostUser []string `json:"vhost_user,omitempty"`
 }
 
 // lsEntryOf is the JSON entry of a disk.
@@ -66,7 +72,9 @@ encrypted disks, a last column ENCRYPTION says "encrypted", "locked"
 (encrypted, its key not given to the mount: vdisk unlock), or "-".
 
 STORE may be mounted: given its mount point, or its path while a daemon
-serves it, ls asks the daemon, and lists what the mount shows now.`,
+serves it, ls asks the daemon, and lists what the mount shows now, with
+the sockets each disk is served on as a vhost-user-blk device (a
+VHOST-USER column, when any is).`,
 		Args: exactArgs("STORE"),
 		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			a, err := e.openAccess(args[0], "ls", true)
@@ -78,10 +86,22 @@ serves it, ls asks the daemon, and lists what the mount shows now.`,
 			if err != nil {
 				return err
 			}
+			served := map[string][]string{} // disk -> sockets
+			if m, ok := a.(mountedStore); ok {
+				us, err := telemetry.VhostUsers(m.mnt)
+				if err != nil && !errors.Is(err, image.ErrNotExist) { // a daemon without the door answers 404
+					return err
+				}
+				for _, u := range us {
+					served[u.Disk] = append(served[u.Disk], u.Socket)
+				}
+			}
 			if asJSON {
 				out := make([]lsEntry, 0, len(disks))
 				for _, d := range disks {
-					out = append(out, lsEntryOf(d))
+					le := lsEntryOf(d)
+					le.VhostUser = served[d.Name]
+					out = append(out, le)
 				}
 				return writeJSON(e, out)
 			}
@@ -91,11 +111,23 @@ serves it, ls asks the daemon, and lists what the mount shows now.`,
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 			enc := anyEncrypted(disks)
-			fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN"+encryptionColumn(enc, nil))
+			header := "NAME\tSIZE\tALLOCATED\tEXCLUSIVE\tSHARED\tEXTENTS\tAVG-EXTENT\tMODIFIED\tORIGIN" + encryptionColumn(enc, nil)
+			if len(served) > 0 {
+				header += "\tVHOST-USER"
+			}
+			fmt.Fprintln(tw, header)
 			for _, d := range disks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s%s\n", d.Name, size(d.Size), size(d.Allocated),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s%s", d.Name, size(d.Size), size(d.Allocated),
 					size(d.Allocated-d.Shared), size(d.Shared), d.Extents, size(avgExtent(d.Allocated, d.Extents)),
 					d.Mtime.Local().Format("2006-01-02 15:04:05"), originOf(d), encryptionColumn(enc, &d))
+				if len(served) > 0 {
+					socks := "-"
+					if len(served[d.Name]) > 0 {
+						socks = strings.Join(served[d.Name], ",")
+					}
+					fmt.Fprintf(tw, "\t%s", socks)
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},

@@ -40,6 +40,7 @@ type mountFlags struct {
 	socketGroup    string // members may use the control socket too
 	keyDir         string // DIR/NAME.key unlocks disk NAME (keys.go)
 	breakLock      bool
+	vhostUserDir   string   // serve every disk as DIR/NAME.sock
 	options        []string // -o, mount(8)-style (mountopts.go)
 }
 
@@ -94,6 +95,34 @@ func (m mountSource) Info() image.Info       { return m.s.Info() }
 func (m mountSource) Version() int           { return m.s.Version() }
 func (m mountSource) Check() *image.Report   { return m.s.Check() }
 
+// ServeVhostUser, StopVhostUser, VhostUserOn and VhostUsers are `vdisk
+// vhost-user` and the served disks of `vdisk ls` and `stats`
+// (fs.Server's).
+func (m mountSource) ServeVhostUser(disk, socket string) (telemetry.VhostUser, error) {
+	u, err := m.srv.ServeVhostUser(disk, socket)
+	return vhostUserOf(u), err
+}
+
+func (m mountSource) StopVhostUser(socket string) error { return m.srv.StopVhostUser(socket) }
+
+func (m mountSource) VhostUserOn(socket string) (telemetry.VhostUser, error) {
+	u, err := m.srv.VhostUserOn(socket)
+	return vhostUserOf(u), err
+}
+
+func (m mountSource) VhostUsers() []telemetry.VhostUser {
+	us := m.srv.VhostUsers()
+	out := make([]telemetry.VhostUser, len(us))
+	for i, u := range us {
+		out[i] = vhostUserOf(u)
+	}
+	return out
+}
+
+func vhostUserOf(u fs.VhostUser) telemetry.VhostUser {
+	return telemetry.VhostUser{Disk: u.Disk, Socket: u.Socket, Auto: u.Auto, Since: u.Since, Stats: u.Stats}
+}
+
 // Defrag is `vdisk defrag` given the mount point or the store of a mount.
 // It moves blocks under the disk's range lock and changes no byte, so the
 // kernel's caches stay right.
@@ -125,6 +154,12 @@ store can be mounted once at a time. When the store is still held by a daemon
 that was unmounted a moment ago and is closing it, vdisk mount waits for it
 (30 s at most).
 
+--vhost-user-dir DIR serves every disk as a vhost-user-blk device on the
+Unix socket DIR/NAME.sock as well (see vdisk vhost-user): the disks there at
+mount time and each disk made later, moved by a rename, closed before the
+disk is removed and at unmount. DIR must exist. The sockets are the daemon
+user's, 0600, or 0660 and --socket-group's group.
+
 vdisk stats, sync, snapshot, clone, diff, send and receive reach a mount
 through its control socket, which admits only root and the user the daemon
 runs as; --socket-group GROUP admits the members of GROUP too (the socket is
@@ -134,7 +169,8 @@ a snapshot or clone) must be readable by the caller, as through the mount.
 -o takes mount(8)-style options, as /etc/fstab passes them through
 mount.fuse3 ("mount -t fuse.vdisk STORE MOUNTPOINT -o OPTIONS" runs
 "vdisk STORE MOUNTPOINT -o OPTIONS"): allow_other, debug,
-commit_interval=DURATION, metrics=ADDR, socket_group=GROUP, log_file=PATH,
+commit_interval=DURATION, metrics=ADDR, socket_group=GROUP,
+vhost_user_dir=DIR, log_file=PATH,
 log_level=LEVEL, log_format=text|json, fuse_transport=T and io_engine=E set
 the flags of the same name; nofail, _netdev, noauto, x-systemd.* and the
 other generic options are accepted and left to mount(8) and systemd; ro is
@@ -174,12 +210,13 @@ it can never write to the image again, then its lock is broken.`,
 	fl.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on this loopback address (e.g. 127.0.0.1:9477)")
 	fl.StringVar(&f.socketGroup, "socket-group", "", "let the members of this group (a name or a gid) use the mount's control socket (vdisk stats, sync, snapshot, send, ...) besides root and the daemon's user")
 	fl.StringVar(&f.keyDir, "key-dir", "", "unlock each encrypted disk NAME with the key file DIR/NAME.key (0600 or 0400, owned by the daemon's user; systemd's $CREDENTIALS_DIRECTORY fits); a disk without one stays locked")
+	fl.StringVar(&f.vhostUserDir, "vhost-user-dir", "", "serve every disk as a vhost-user-blk device on DIR/NAME.sock too")
 	fl.BoolVar(&f.breakLock, "break-lock", false, "for an rbd: store: blocklist the client holding the image's exclusive lock and take the lock over")
 	fl.StringArrayVarP(&f.options, "options", "o", nil, "mount(8)-style options, comma-separated (allow_other,commit_interval=5s,metrics=ADDR,...)")
 	return cmd
 }
 
-func runMount(e *env, store, mnt string, f mountFlags) error {
+func runMount(e *env, store, mnt string, f mountFlags) (err error) {
 	if _, err := backend.ParseEngine(f.ioEngine); err != nil {
 		return usageErrorf("--io-engine: %v", err)
 	}
@@ -191,10 +228,18 @@ func runMount(e *env, store, mnt string, f mountFlags) error {
 			return usageErrorf("--socket-group: %v", err)
 		}
 	}
+	if f.vhostUserDir != "" {
+		if f.vhostUserDir, err = filepath.Abs(f.vhostUserDir); err != nil {
+			return err
+		}
+		if fi, serr := os.Stat(f.vhostUserDir); serr != nil || !fi.IsDir() {
+			return usageErrorf("--vhost-user-dir %s: not a directory", f.vhostUserDir)
+		}
+	}
 	if f.breakLock && !backend.IsRBD(store) {
 		return usageErrorf("--break-lock applies to an rbd:POOL/IMAGE store only: a file's or a device's lock goes away with the process holding it")
 	}
-	mnt, err := filepath.Abs(mnt)
+	mnt, err = filepath.Abs(mnt)
 	if err != nil {
 		return err
 	}
@@ -240,12 +285,16 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	}
 	engine = fs.StoreEngine(transport, engine)
 	topts := telemetry.Options{MetricsAddr: f.metricsAddr}
+	fopts := fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log, Transport: transport, FsName: store,
+		VhostUserDir: f.vhostUserDir}
 	if f.socketGroup != "" {
 		g, err := telemetry.LookupGroup(f.socketGroup)
 		if err != nil {
 			return usageErrorf("--socket-group: %v", err)
 		}
 		topts.SocketGroup = &g
+		gid := int(g.GID)
+		fopts.VhostUserGroup = &gid
 	}
 	if f.breakLock {
 		if err := breakLock(e, store); err != nil {
@@ -262,7 +311,7 @@ func serveMount(e *env, store, mnt string, f mountFlags) (err error) {
 	procs := fs.TuneRuntime() // before Mount: go-fuse sizes its readers from it
 	// The store's path is the mount's source in /proc/mounts, as sshfs names
 	// its remote: findmnt and vdisk umount tell which store a mount serves.
-	srv, err := fs.Mount(s, mnt, fs.Options{AllowOther: f.allowOther, Debug: f.debug, Logger: e.log, Transport: transport, FsName: store})
+	srv, err := fs.Mount(s, mnt, fopts)
 	if err != nil {
 		s.Close()
 		return err
@@ -447,6 +496,9 @@ func daemonize(e *env, store, mnt string, f mountFlags) error {
 	}
 	if f.breakLock {
 		args = append(args, "--break-lock")
+	}
+	if f.vhostUserDir != "" {
+		args = append(args, "--vhost-user-dir", f.vhostUserDir)
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

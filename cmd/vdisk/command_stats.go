@@ -12,6 +12,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/telemetry"
+	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
 )
 
 func newStatsCmd(e *env) *cobra.Command {
@@ -24,7 +25,8 @@ func newStatsCmd(e *env) *cobra.Command {
 		Long: `Show what a running mount has done, layer by layer: requests in (reads and
 writes, their count and average size), what the map and coalescer made of
 them, and backend I/O out (count, average size, latency), commits, free
-space and each disk. The headline is the average request size in against the
+space and each disk, and the counters of each disk served on vhost-user
+(vdisk vhost-user). The headline is the average request size in against the
 average backend I/O size out: for 1 MiB sequential I/O both should be about
 1 MiB.
 
@@ -129,6 +131,44 @@ func printStats(w io.Writer, st *telemetry.Stats) {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%.3g ms\n", op, h.Count, ms(h), h.Quantile(0.99)*1000)
 		}
 		tw.Flush()
+	}
+	printVhostUser(w, st.VhostUser)
+}
+
+// printVhostUser writes the counters of the disks served on vhost-user:
+// per request type, then each device's events.
+func printVhostUser(w io.Writer, us []telemetry.VhostUser) {
+	if len(us) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VHOST-USER DISK\tOP\tCOUNT\tBYTES\tERRORS\tAVG LATENCY")
+	for _, u := range us {
+		s := u.Stats
+		for _, op := range []struct {
+			name string
+			o    blk.OpStats
+		}{{"read", s.Read}, {"write", s.Write}, {"flush", s.Flush}, {"discard", s.Discard}, {"write_zeroes", s.WriteZeroes}, {"get_id", s.GetID}} {
+			if op.o.Requests == 0 && op.name != "read" && op.name != "write" {
+				continue
+			}
+			lat := "-"
+			if op.o.Requests > 0 {
+				lat = fmt.Sprintf("%.3f ms", float64(op.o.Latency.Sum.Microseconds())/1000/float64(op.o.Requests))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\n", u.Disk, op.name, op.o.Requests, formatSize(int64(op.o.Bytes)), op.o.Errors, lat)
+		}
+	}
+	tw.Flush()
+	for _, u := range us {
+		s := u.Stats
+		state := "no frontend"
+		if s.Connected {
+			state = "connected"
+		}
+		fmt.Fprintf(w, "%s on %s: %s, %d in flight, %d connects (%d reconnects, %d refused), %d resubmitted, %d on the blocking path, %d held for a commit, %d bad, %d unsupported\n",
+			u.Disk, u.Socket, state, s.Inflight, s.Connects, s.Reconnects, s.Refused, s.Resubmitted, s.Fallbacks, s.Held, s.Bad, s.Unsupported)
 	}
 }
 

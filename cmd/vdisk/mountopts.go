@@ -55,6 +55,7 @@ var ignoredMountOptions = map[string]bool{
 //	commit_interval=DURATION  --commit-interval (5s, 1m, ...; a bare number is seconds)
 //	metrics=ADDR              --metrics
 //	socket_group=GROUP        --socket-group
+//	vhost_user_dir=DIR        --vhost-user-dir
 //	log_file=PATH             --log-file
 //	log_level=LEVEL           --log-level
 //	log_format=text|json      --log-format
@@ -89,6 +90,8 @@ func applyMountOptions(e *env, f *mountFlags, opts string) error {
 			f.metricsAddr = val
 		case key == "socket_group":
 			f.socketGroup = val
+		case key == "vhost_user_dir":
+			f.vhostUserDir = val
 		case key == "log_file":
 			f.logFile = val
 		case key == "log_level":

@@ -42,12 +42,12 @@ func TestApplyMountOptions(t *testing.T) {
 	e := newEnv(io.Discard, io.Discard, false)
 	var f mountFlags
 	err := applyMountOptions(e, &f, "rw,dev,suid,nofail,_netdev,x-systemd.requires=local-fs.target,x-systemd.before=libvirtd.service,"+
-		"allow_other,commit_interval=2s,metrics=127.0.0.1:9477,log_file=/var/log/v.log,log_level=info,log_format=json,fuse_transport=dev,io_engine=pread,socket_group=kvm,debug")
+		"allow_other,commit_interval=2s,metrics=127.0.0.1:9477,log_file=/var/log/v.log,log_level=info,log_format=json,fuse_transport=dev,io_engine=pread,socket_group=kvm,vhost_user_dir=/run/vm,debug")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := mountFlags{allowOther: true, debug: true, commitInterval: 2 * time.Second, metricsAddr: "127.0.0.1:9477",
-		logFile: "/var/log/v.log", fuseTransport: "dev", ioEngine: "pread", socketGroup: "kvm"}
+		logFile: "/var/log/v.log", fuseTransport: "dev", ioEngine: "pread", socketGroup: "kvm", vhostUserDir: "/run/vm"}
 	if !equalFlags(f, want) {
 		t.Errorf("flags %+v, want %+v", f, want)
 	}
@@ -76,7 +76,7 @@ func equalFlags(a, b mountFlags) bool {
 	a.options, b.options = nil, nil
 	return a.allowOther == b.allowOther && a.debug == b.debug && a.commitInterval == b.commitInterval &&
 		a.metricsAddr == b.metricsAddr && a.logFile == b.logFile && a.fuseTransport == b.fuseTransport && a.ioEngine == b.ioEngine &&
-		a.socketGroup == b.socketGroup
+		a.socketGroup == b.socketGroup && a.vhostUserDir == b.vhostUserDir
 }
 
 // -o reaches vdisk mount through the whole command line: a bad option is a

@@ -136,6 +136,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newSendCmd(e),
 		newReceiveCmd(e),
 		newStatsCmd(e),
+		newVhostUserCmd(e),
 		newSyncCmd(e),
 		newUmountCmd(e),
 		newVersionCmd(e),

@@ -230,3 +230,9 @@ func Notify(efd int) {
 		}
 	}
 }
+
+// Transient says whether an error of Enter leaves the ring as it was
+// (EINTR, EAGAIN, EBUSY): reap, then call again. Any other is a broken ring.
+func Transient(err error) bool {
+	return err == unix.EINTR || err == unix.EAGAIN || err == unix.EBUSY
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
+	"github.com/vdiskfs/vdiskfs/tools/compare/loadgen"
 )
 
 // runResult is one fio run of one workload on one target.
@@ -75,15 +76,24 @@ func rate(c *ioCount, sec float64) float64 {
 // included). Exact from the request counters; for a target without them
 // (qemu-storage-daemon), fio's bytes scaled from its measured runtime to
 // the whole window (the device's bytes would include other processes').
-func serverBytes(r *runResult) float64 {
+func serverBytes(r *runResult) float64 { return serverShare(r, ioCount.bytes, r.FioBytes) }
+
+// serverShare is a count (exact: bytes or requests) of what the server
+// served over its CPU's window, or fio's figure fromFio scaled to it.
+func serverShare(r *runResult, exact func(ioCount) uint64, fromFio uint64) float64 {
 	if r.Req != nil {
-		return float64(r.Req.bytes())
+		return float64(exact(*r.Req))
 	}
 	if r.FioRuntime > 0 && r.WallSec > 0 {
-		return float64(r.FioBytes) * max(1, r.WallSec/r.FioRuntime)
+		return float64(fromFio) * max(1, r.WallSec/r.FioRuntime)
 	}
 	return 0
 }
+
+// serverIOs is the denominator of the server's CPU per I/O, as
+// serverBytes is of its CPU per GB: the requests it served over the
+// whole window.
+func serverIOs(r *runResult) float64 { return serverShare(r, ioCount.ios, r.FioIOs) }
 
 var metrics = []metricDef{
 	{Key: "mb_per_s", Head: "MB/s", Unit: "MB/s", Digits: 0, get: func(r *runResult) float64 { return r.MBps }},
@@ -101,6 +111,13 @@ var metrics = []metricDef{
 			return math.NaN()
 		}
 		return *r.ServerCPU / (b / 1e9)
+	}},
+	{Key: "server_cpu_us_per_io", Head: "server CPU µs/IO", Unit: "µs/IO", Digits: 1, Lower: true, get: func(r *runResult) float64 {
+		n := serverIOs(r)
+		if r.ServerCPU == nil || n == 0 {
+			return math.NaN()
+		}
+		return *r.ServerCPU / n * 1e6
 	}},
 	{Key: "fio_cpu_s_per_gb", Head: "fio CPU s/GB", Unit: "s/GB", Digits: 2, Lower: true, get: func(r *runResult) float64 {
 		if r.FioBytes == 0 {
@@ -177,14 +194,13 @@ func (b *bench) prepare(ctx context.Context, t target, job fio.Job) error {
 		return nil
 	}
 	start := time.Now()
-	out, _, _, err := b.runner.Run(ctx, fillJob, t.File())
+	s, _, err := b.measure(ctx, t, fillJob)
 	if err != nil {
 		return fmt.Errorf("%s: fill: %w", t.Name(), err)
 	}
 	if err := syncFile(t.File()); err != nil {
 		return fmt.Errorf("%s: fsync after fill: %w", t.Name(), err)
 	}
-	s := out.Summary()
 	b.logf("  fill %-12s %6.0f MB/s (%.1fs)", t.Name(), s.BWBytes/1e6, time.Since(start).Seconds())
 	b.filled[t.Name()] = true
 	return nil
@@ -253,6 +269,36 @@ func delta(a, b *uint64) *uint64 {
 	return &d
 }
 
+// measure runs job on t: fio on its file, or the load generator for a
+// target fio cannot reach (its figures in the same terms).
+func (b *bench) measure(ctx context.Context, t target, job fio.Job) (fio.Summary, time.Duration, error) {
+	gt, ok := t.(genTarget)
+	if !ok {
+		out, _, wall, err := b.runner.Run(ctx, job, t.File())
+		if err != nil {
+			return fio.Summary{}, wall, err
+		}
+		return out.Summary(), wall, nil
+	}
+	shape, err := loadgen.ParseShape(fio.Expand(job.Text, b.runner.Var))
+	if err != nil {
+		return fio.Summary{}, 0, fmt.Errorf("workload %s: %w", job.Name, err)
+	}
+	res, err := loadgen.Run(ctx, gt.engine(), shape, b.cfg.Size)
+	if err != nil {
+		return fio.Summary{}, res.Wall, fmt.Errorf("workload %s: %w", job.Name, err)
+	}
+	dir := "read"
+	if shape.Write {
+		dir = "write"
+	}
+	return fio.Summary{
+		Bytes: res.Bytes, IOs: res.IOs, BWBytes: res.BW(), IOPS: res.IOPS(),
+		P50Ns: float64(res.P50), P99Ns: float64(res.P99), MeanLatNs: float64(res.Mean),
+		Dominant: dir, CPUSeconds: res.CPU.Seconds(), RuntimeMs: res.Elapsed.Milliseconds(),
+	}, res.Wall, nil
+}
+
 // runOne runs job on t and takes the counter deltas around it.
 func (b *bench) runOne(ctx context.Context, t target, job fio.Job) (runResult, error) {
 	r := runResult{Workload: job.Name, Target: t.Name()}
@@ -268,7 +314,7 @@ func (b *bench) runOne(ctx context.Context, t target, job fio.Job) (runResult, e
 		r.Load1 = l[0]
 	}
 	r.Start = time.Now()
-	out, _, wall, err := b.runner.Run(ctx, job, t.File())
+	sum, wall, err := b.measure(ctx, t, job)
 	if err != nil {
 		return r, fmt.Errorf("%s: %w", t.Name(), err)
 	}
@@ -280,7 +326,6 @@ func (b *bench) runOne(ctx context.Context, t target, job fio.Job) (runResult, e
 		}
 	}
 	r.WallSec = wall.Seconds()
-	sum := out.Summary()
 	r.MBps = sum.BWBytes / 1e6
 	r.IOPS = sum.IOPS
 	r.P50us = jfloat(sum.P50Ns / 1e3)

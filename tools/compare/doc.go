@@ -31,6 +31,20 @@
 //   - qsd-qcow2: a qcow2 image in the scratch directory exported through
 //     qemu-storage-daemon's FUSE export (cache.direct=on, aio=native): what
 //     users would pick instead of vdiskfs.
+//   - vhost: a vdiskfs disk on a vhost-user-blk socket, driven by the load
+//     generator (package loadgen) through the Go frontend
+//     (vhostuser/frontend), one queue, as fio's one-thread jobs. By default
+//     the vdisk binary (--vdisk) formats and mounts a store as for
+//     --binary and serves the disk with `vdisk vhost-user MNT/NAME SOCK`;
+//     with --vhost-socket SOCK --vhost-file MNT/NAME, a disk served
+//     already (its daemon's CPU from --server-pid).
+//   - qsd-vhost: a raw file in the scratch directory exported by
+//     qemu-storage-daemon as vhost-user-blk (cache.direct=on,
+//     aio=io_uring, one queue), driven by the same generator: the peer of
+//     the vhost target. Its CPU is the daemon's.
+//   - raw-uring: the raw target's file driven by the same generator
+//     through io_uring, O_DIRECT: the generator's calibration, to be read
+//     against raw (fio) on the same shapes.
 //   - NAME, for each --binary NAME=PATH: a store formatted in the scratch
 //     directory by the vdisk binary PATH and mounted by it as a user runs
 //     it (`vdisk mount STORE MNT`, the daemon in the background, its
@@ -41,6 +55,11 @@
 // default) and not on tmpfs.
 //
 // # Workloads
+//
+// The generator targets read each fio job's shape (rw, bs, iodepth,
+// runtime, ramp_time, time_based, randseed) and refuse a job with options
+// the generator does not reproduce. Their "fio CPU" column is the
+// generator's (this process's) CPU.
 //
 // The built-in job file (--print-jobs) holds the seeds' workloads; --jobs
 // FILE runs another fio job file, each job section a workload, and
@@ -56,7 +75,8 @@
 // completion), the average FUSE request size, the server's backend I/O
 // rate and average size, the backing device's I/O rate and average size
 // (/proc/diskstats, shared with every process on the machine), the serving
-// process's CPU seconds per GB served and fio's own, and the ratio of MB/s
+// process's CPU seconds per GB served and microseconds per request, fio's
+// own CPU per GB, and the ratio of MB/s
 // to the baseline's. Output: a table on stdout, --markdown, --json (every
 // run too; --from-json renders it again) and --chart (PNG or SVG).
 //

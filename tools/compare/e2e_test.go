@@ -30,6 +30,25 @@ func needMounts(t *testing.T) {
 	}
 }
 
+// runReport runs the tool with args and --json js, fails the test unless
+// it exits 0, and returns the report it wrote.
+func runReport(t *testing.T, js string, args ...string) *report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, append(args, "--json", js), &stdout, &stderr)
+	t.Logf("stderr:\n%s\ntable:\n%s", stderr.String(), stdout.String())
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	rep, err := readReportFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 // TestEndToEnd mounts both targets for real (vdiskfs in process, the
 // pass-through of a plain file) and runs two short workloads: every format
 // comes out, the counters add up, and nothing is left mounted.
@@ -38,24 +57,10 @@ func TestEndToEnd(t *testing.T) {
 	scratch := t.TempDir()
 	out := t.TempDir()
 	js, md, png := filepath.Join(out, "r.json"), filepath.Join(out, "r.md"), filepath.Join(out, "r.png")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	code := run(ctx, []string{
+	rep := runReport(t, js,
 		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "2s", "--ramp", "0s", "--settle", "0s",
 		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32",
-		"--json", js, "--markdown", md, "--chart", png,
-	}, &stdout, &stderr)
-	t.Logf("stderr:\n%s", stderr.String())
-	if code != exitOK {
-		t.Fatalf("exit %d", code)
-	}
-	t.Logf("table:\n%s", stdout.String())
-
-	rep, err := readReportFile(js)
-	if err != nil {
-		t.Fatal(err)
-	}
+		"--markdown", md, "--chart", png)
 	if len(rep.Runs) != 4 {
 		t.Fatalf("%d runs, want 2 workloads × 2 targets", len(rep.Runs))
 	}
@@ -197,5 +202,38 @@ func TestQSDTarget(t *testing.T) {
 	}
 	if mounted(q.File()) {
 		t.Error("export still mounted after Close")
+	}
+}
+
+// TestGeneratorTargets runs fio on the raw file and the load generator on
+// the same file through io_uring and on qemu-storage-daemon's vhost-user-blk
+// export of another: every run completes and moves data, the daemon's CPU
+// per I/O is known, and the generator's figures land where fio's do.
+func TestGeneratorTargets(t *testing.T) {
+	if _, err := exec.LookPath("fio"); err != nil {
+		testutil.Missing(t, "needs fio (apt-get install fio)")
+	}
+	if _, _, err := findQSD(); err != nil {
+		testutil.Missing(t, "%v", err)
+	}
+	scratch, out := t.TempDir(), t.TempDir()
+	js := filepath.Join(out, "r.json")
+	rep := runReport(t, js,
+		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "1s", "--ramp", "0s", "--settle", "0s",
+		"--targets", "raw,raw-uring,qsd-vhost", "--baseline", "raw",
+		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32")
+	if len(rep.Runs) != 6 {
+		t.Fatalf("%d runs, want 2 workloads × 3 targets", len(rep.Runs))
+	}
+	for _, r := range rep.Runs {
+		if r.MBps <= 0 || r.FioIOs == 0 || float64(r.P99us) <= 0 {
+			t.Errorf("%s on %s: %.0f MB/s, %d I/Os, p99 %v µs", r.Workload, r.Target, r.MBps, r.FioIOs, r.P99us)
+		}
+		if r.Target == targetQSDVhost && r.ServerCPU == nil {
+			t.Errorf("%s on qsd-vhost: no server CPU", r.Workload)
+		}
+	}
+	if entries, _ := os.ReadDir(scratch); len(entries) != 0 {
+		t.Errorf("scratch files left: %v", entries)
 	}
 }

@@ -66,6 +66,7 @@ type options struct {
 	ioEngine                     backend.Engine
 	fuseTransport                vfs.Transport
 	binaries                     []binarySpec
+	vhostSocket, vhostFile       string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -77,7 +78,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.mount, "mount", "", "use this existing vdiskfs mount instead of mounting a store")
 	fs.StringVar(&o.vdisk, "vdisk", "vdisk", "vdisk binary, for the counters of a --mount (runs: vdisk stats --json MNT)")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "pid of the vdiskfs daemon behind --mount, for its CPU time")
-	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, vdiskfs-encrypted (an encrypted disk on vdiskfs's mount), passthrough, raw, qsd-qcow2 (or qsd); \"all\" for every one")
+	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, vdiskfs-encrypted (an encrypted disk on vdiskfs's mount), passthrough, raw, qsd-qcow2 (or qsd), vhost, qsd-vhost, raw-uring; \"all\" for every one")
+	fs.StringVar(&o.vhostSocket, "vhost-socket", "", "the vhost target: a vdiskfs disk already served on this vhost-user socket (default: the tool mounts a store with --vdisk and serves a disk with vdisk vhost-user)")
+	fs.StringVar(&o.vhostFile, "vhost-file", "", "with --vhost-socket: the served disk's file in its mount")
 	fs.StringVar(&o.baseline, "baseline", targetPassthrough, "target the ratios are taken against")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every workload on every target, the target order alternating")
 	fs.DurationVar(&o.runtime, "runtime", 15*time.Second, "measured time of each run (fio runtime)")
@@ -166,7 +169,7 @@ func parseSize(s string) (int64, error) {
 
 // allTargets is the order targets appear in, whatever order --targets
 // names them in.
-var allTargets = []string{targetVdiskfs, targetEncrypted, targetPassthrough, targetRaw, targetQSD}
+var allTargets = []string{targetVdiskfs, targetEncrypted, targetPassthrough, targetRaw, targetQSD, targetVhost, targetQSDVhost, targetRawUring}
 
 // parseTargets reads --targets: built-in names, and the names of --binary
 // targets, which come after the built-in ones.
@@ -310,7 +313,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	if err != nil {
 		return nil, err
 	}
-	if slices.Contains(targetNames, targetQSD) {
+	if slices.Contains(targetNames, targetQSD) || slices.Contains(targetNames, targetQSDVhost) {
 		if _, _, err := findQSD(); err != nil {
 			return nil, fmt.Errorf("%w: %v", errMissing, err)
 		}
@@ -422,6 +425,21 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			t, err = newRaw(filepath.Join(work, "raw.img"), o.size)
 		case targetQSD:
 			t, err = newQSD(ctx, work, o.size)
+		case targetQSDVhost:
+			t, err = newQSDVhost(ctx, work, o.size)
+		case targetRawUring:
+			t, err = newRawUring(filepath.Join(work, "raw.img"), o.size)
+		case targetVhost:
+			if o.vhostSocket != "" {
+				t, err = newVhostExisting(o.vhostSocket, o.vhostFile, o.size, o.serverPID)
+			} else {
+				vdisk, lerr := lookPath(o.vdisk)
+				if lerr != nil {
+					err = fmt.Errorf("%w: %s: %v", errMissing, o.vdisk, lerr)
+					break
+				}
+				t, err = newVhostDaemon(ctx, vdisk, work, o.size)
+			}
 		default:
 			i := slices.IndexFunc(o.binaries, func(b binarySpec) bool { return b.Name == name })
 			t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
@@ -534,8 +552,9 @@ func checkSpace(dir string, size int64, targets []string, ownStore bool) error {
 			}
 		case targetQSD:
 			need += size + size/16
-		case targetPassthrough, targetRaw:
+		case targetPassthrough, targetRaw, targetQSDVhost:
 			need += size
+		case targetRawUring: // the raw target's file
 		default: // a --binary target: a store of its own
 			need += size + size/16 + 128<<20
 		}

@@ -29,7 +29,7 @@ func TestParseTargets(t *testing.T) {
 	if err != nil || !slices.Equal(got, []string{"vdiskfs", "passthrough", "qsd-qcow2"}) {
 		t.Errorf("got %v, %v", got, err)
 	}
-	if got, _ := parseTargets("all", nil); len(got) != 5 {
+	if got, _ := parseTargets("all", nil); len(got) != len(allTargets) {
 		t.Errorf("all = %v", got)
 	}
 	if _, err := parseTargets("vdiskfs,nfs", nil); err == nil {
@@ -41,7 +41,7 @@ func TestParseTargets(t *testing.T) {
 	if err != nil || !slices.Equal(got, []string{"raw", "new", "old"}) {
 		t.Errorf("with binaries: got %v, %v", got, err)
 	}
-	if got, _ := parseTargets("all", bins); len(got) != 7 {
+	if got, _ := parseTargets("all", bins); len(got) != len(allTargets)+2 {
 		t.Errorf("all with binaries = %v", got)
 	}
 }

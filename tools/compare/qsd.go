@@ -27,9 +27,46 @@ type qsdTarget struct {
 	qcow2    string // the image file
 	mnt      string // the export's mount point: a regular file
 	size     int64
-	cmd      *exec.Cmd
-	done     chan struct{}
-	stderr   *strings.Builder
+	proc     *daemon // nil while stopped
+}
+
+// daemon is a child process serving a target: its output kept for error
+// messages, ended with SIGTERM (SIGKILL after 20s), and with the tool.
+type daemon struct {
+	cmd    *exec.Cmd
+	done   chan struct{} // closed once it exited
+	output *strings.Builder
+}
+
+func startDaemon(bin string, args ...string) (*daemon, error) {
+	d := &daemon{cmd: exec.Command(bin, args...), done: make(chan struct{}), output: &strings.Builder{}}
+	d.cmd.Stdout, d.cmd.Stderr = d.output, d.output
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Base(bin), err)
+	}
+	go func() { _ = d.cmd.Wait(); close(d.done) }()
+	return d, nil
+}
+
+// stop ends the daemon and waits for it.
+func (d *daemon) stop() {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(20 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+	}
+}
+
+// sample is the daemon's CPU time.
+func (d *daemon) sample() sample {
+	cpu, err := procCPU(d.cmd.Process.Pid)
+	if err != nil {
+		return sample{}
+	}
+	return sample{CPU: cpu, HasCPU: true}
 }
 
 func findQSD() (qsd, qemuImg string, err error) {
@@ -69,49 +106,37 @@ func (t *qsdTarget) start(ctx context.Context) error {
 		return err
 	}
 	f.Close()
-	t.cmd = exec.Command(t.bin,
+	if t.proc, err = startDaemon(t.bin,
 		"--blockdev", "driver=file,node-name=file0,filename="+t.qcow2+",cache.direct=on,aio=native",
 		"--blockdev", "driver=qcow2,node-name=qcow0,file=file0,discard=unmap",
-		"--export", "type=fuse,id=exp0,node-name=qcow0,mountpoint="+t.mnt+",writable=on")
-	t.stderr = &strings.Builder{}
-	t.cmd.Stdout, t.cmd.Stderr = t.stderr, t.stderr
-	t.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := t.cmd.Start(); err != nil {
-		return fmt.Errorf("qemu-storage-daemon: %w", err)
+		"--export", "type=fuse,id=exp0,node-name=qcow0,mountpoint="+t.mnt+",writable=on"); err != nil {
+		return err
 	}
-	t.done = make(chan struct{})
-	go func() { _ = t.cmd.Wait(); close(t.done) }()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if mounted(t.mnt) {
 			return nil
 		}
 		select {
-		case <-t.done:
-			return fmt.Errorf("qemu-storage-daemon exited: %s", strings.TrimSpace(t.stderr.String()))
+		case <-t.proc.done:
+			return fmt.Errorf("qemu-storage-daemon exited: %s", strings.TrimSpace(t.proc.output.String()))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("qemu-storage-daemon: export %s not mounted after 15s: %s", t.mnt, strings.TrimSpace(t.stderr.String()))
+			return fmt.Errorf("qemu-storage-daemon: export %s not mounted after 15s: %s", t.mnt, strings.TrimSpace(t.proc.output.String()))
 		}
 	}
 }
 
 // stop ends the daemon (it unmounts its export on SIGTERM).
 func (t *qsdTarget) stop() error {
-	if t.cmd == nil || t.cmd.Process == nil {
+	if t.proc == nil {
 		return nil
 	}
-	_ = t.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-t.done:
-	case <-time.After(20 * time.Second):
-		_ = t.cmd.Process.Kill()
-		<-t.done
-	}
-	t.cmd = nil
+	t.proc.stop()
+	t.proc = nil
 	if mounted(t.mnt) {
 		return syscall.Unmount(t.mnt, syscall.MNT_DETACH)
 	}
@@ -128,14 +153,10 @@ func (t *qsdTarget) Reset(ctx context.Context) error {
 }
 
 func (t *qsdTarget) Sample() sample {
-	if t.cmd == nil || t.cmd.Process == nil {
+	if t.proc == nil {
 		return sample{}
 	}
-	cpu, err := procCPU(t.cmd.Process.Pid)
-	if err != nil {
-		return sample{}
-	}
-	return sample{CPU: cpu, HasCPU: true}
+	return t.proc.sample()
 }
 
 func (t *qsdTarget) Close() error { return t.stop() }

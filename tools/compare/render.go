@@ -89,7 +89,7 @@ func fmtRatio(v float64) string {
 var tableColumns = []string{
 	"iops", "p50_us", "p99_us", "fuse_request_kib",
 	"backend_io_per_s", "backend_io_kib", "device_io_per_s", "device_io_kib",
-	"server_cpu_s_per_gb", "fio_cpu_s_per_gb",
+	"server_cpu_s_per_gb", "server_cpu_us_per_io", "fio_cpu_s_per_gb",
 }
 
 func metricByKey(key string) metricDef {

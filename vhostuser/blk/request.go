@@ -1,0 +1,176 @@
+package blk
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
+	"github.com/vdiskfs/vdiskfs/vhostuser/virtq"
+)
+
+// Request statuses: the virtio-blk ones, and statusPending for a request
+// not answered yet.
+const (
+	statusOK      = proto.BlkSOK
+	statusIOErr   = proto.BlkSIOErr
+	statusUnsupp  = proto.BlkSUnsupp
+	statusPending = 0xff
+)
+
+// request is one slot of a queue: the request taken from the ring into
+// it, until it is returned. Its slices are reused from request to
+// request. Only the owner touches it, or the one worker it was handed to.
+type request struct {
+	o     *owner
+	slot  int
+	chain virtq.Chain
+	start time.Time
+
+	op      int // opRead…opGetID; -1: not counted (unsupported or bad)
+	off     int64
+	status  byte
+	written uint32 // bytes written into the data buffers (IN, GET_ID)
+	bytes   uint64 // bytes the request covers, for the counters
+
+	// pieces is the request's data: slices of guest memory, each
+	// contiguous in the guest's and in this process's address space.
+	pieces [][]byte
+	// The owner's plans: one IO per piece while the request is planned.
+	ios     []IO
+	pending int  // backing I/Os in flight
+	failed  bool // one of them failed or came back short
+	// committed: a completed write the committer made recoverable, to
+	// be returned now.
+	committed bool
+}
+
+// statusByte is the request's status: the last byte of its last writable
+// buffer, or nil if it has none.
+func (r *request) statusByte() []byte {
+	b := r.chain.LastWrite
+	if len(b) == 0 {
+		return nil
+	}
+	return b[len(b)-1:]
+}
+
+// parse reads r's header and sets out its data. A malformed request is an
+// error (answered IOERR); one the device answers without I/O (GET_ID,
+// unsupported, out of range) comes back with its status set; others with
+// statusPending.
+func (r *request) parse(d *device) error {
+	c := &r.chain
+	r.op, r.status, r.written, r.bytes, r.pieces = -1, statusPending, 0, 0, r.pieces[:0]
+	r.committed = false
+	if c.ReadLen < proto.BlkOutHdrSize || c.WriteLen < proto.BlkStatusSize {
+		return fmt.Errorf("request of %d readable and %d writable bytes: %w", c.ReadLen, c.WriteLen, errBadRequest)
+	}
+	var hdr [proto.BlkOutHdrSize]byte
+	gatherCopy(hdr[:], c.Bufs[:c.NumRead])
+	typ := binary.LittleEndian.Uint32(hdr[0:])
+	sector := binary.LittleEndian.Uint64(hdr[8:])
+	readData := c.ReadLen - proto.BlkOutHdrSize
+	writeData := c.WriteLen - proto.BlkStatusSize
+	switch typ {
+	case proto.BlkTIn, proto.BlkTOut:
+		r.op = opRead
+		n := writeData
+		r.pieces = gather(r.pieces, c.Bufs[c.NumRead:], 0, n)
+		if typ == proto.BlkTOut {
+			r.op, n = opWrite, readData
+			r.pieces = gather(r.pieces[:0], c.Bufs[:c.NumRead], proto.BlkOutHdrSize, n)
+		}
+		r.bytes = n
+		size := uint64(d.disk.Size())
+		// Data in the wrong direction: readable buffers after a read's
+		// header, writable ones before a write's status.
+		wrongWay := typ == proto.BlkTIn && readData != 0 || typ == proto.BlkTOut && writeData != 0
+		if wrongWay || n%proto.SectorSize != 0 || sector > size/proto.SectorSize || n > size-sector*proto.SectorSize {
+			r.status = statusIOErr // the driver's mistake, answered like a device's error
+			return nil
+		}
+		r.off = int64(sector * proto.SectorSize)
+		if r.op == opRead {
+			r.written = uint32(n)
+		}
+	case proto.BlkTFlush:
+		r.op = opFlush
+	case proto.BlkTGetID:
+		r.op = opGetID
+		r.pieces = gather(r.pieces, c.Bufs[c.NumRead:], 0, min(writeData, proto.BlkIDBytes))
+		r.written = uint32(scatterCopy(r.pieces, d.id[:]))
+		r.status = statusOK
+	case proto.BlkTDiscard, proto.BlkTWriteZeroes:
+		r.op = opDiscard
+		if typ == proto.BlkTWriteZeroes {
+			r.op = opWriteZeroes
+		}
+		if readData == 0 || readData%proto.BlkSegSize != 0 || readData/proto.BlkSegSize > maxDiscardSeg {
+			r.status = statusIOErr
+			return nil
+		}
+		r.pieces = gather(r.pieces, c.Bufs[:c.NumRead], proto.BlkOutHdrSize, readData)
+	default:
+		r.status = statusUnsupp
+	}
+	return nil
+}
+
+// gather appends to dst the n bytes of bufs after the first skip, as
+// pieces: buffers next to each other in both address spaces are one.
+func gather(dst [][]byte, bufs []virtq.Buf, skip, n uint64) [][]byte {
+	var lastAddr uint64
+	for _, b := range bufs {
+		if n == 0 {
+			break
+		}
+		data, addr := b.Data, b.Addr
+		if skip >= uint64(len(data)) {
+			skip -= uint64(len(data))
+			continue
+		}
+		data, addr = data[skip:], addr+skip
+		skip = 0
+		if uint64(len(data)) > n {
+			data = data[:n]
+		}
+		n -= uint64(len(data))
+		if k := len(dst); k > 0 && lastAddr == addr && adjacent(dst[k-1], data) {
+			dst[k-1] = unsafe.Slice(unsafe.SliceData(dst[k-1]), len(dst[k-1])+len(data))
+		} else {
+			dst = append(dst, data)
+		}
+		lastAddr = addr + uint64(len(data))
+	}
+	return dst
+}
+
+// adjacent says whether b starts where a ends in this process's memory.
+func adjacent(a, b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(a)))+uintptr(len(a)) == uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+}
+
+// gatherCopy fills dst from the start of bufs.
+func gatherCopy(dst []byte, bufs []virtq.Buf) {
+	for _, b := range bufs {
+		if len(dst) == 0 {
+			return
+		}
+		dst = dst[copy(dst, b.Data):]
+	}
+}
+
+// scatterCopy copies src into pieces and returns how many bytes it copied.
+func scatterCopy(pieces [][]byte, src []byte) int {
+	n := 0
+	for _, p := range pieces {
+		k := copy(p, src[n:])
+		n += k
+		if n == len(src) {
+			break
+		}
+	}
+	return n
+}

@@ -1,0 +1,123 @@
+package frontend
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Buffer is a piece of guest memory: its guest physical address and the
+// bytes, a slice of this process's mapping of the same pages.
+type Buffer struct {
+	Addr  uint64
+	Bytes []byte
+}
+
+// Len is the buffer's size.
+func (b Buffer) Len() int { return len(b.Bytes) }
+
+// Slice is the piece [off, off+n) of b.
+func (b Buffer) Slice(off, n int) Buffer {
+	return Buffer{Addr: b.Addr + uint64(off), Bytes: b.Bytes[off : off+n]}
+}
+
+// memory is the guest's RAM: one memfd mapped shared at guest physical
+// address 0, handed to the backend in SET_MEM_TABLE, and a first-fit
+// allocator over it.
+type memory struct {
+	fd   int
+	mem  []byte
+	base uint64 // this process's address of mem[0]: the region's userspace_addr
+
+	mu struct {
+		sync.Mutex
+		free []span // sorted by off, non-overlapping, never adjacent
+	}
+}
+
+type span struct{ off, n uint64 }
+
+func newMemory(size int64) (*memory, error) {
+	if size <= 0 || size%int64(unix.Getpagesize()) != 0 {
+		return nil, fmt.Errorf("guest memory of %d bytes: want a positive multiple of the page size", size)
+	}
+	fd, err := unix.MemfdCreate("vhost-user-frontend", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("memfd size: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mmap guest memory: %w", err)
+	}
+	m := &memory{fd: fd, mem: mem, base: uint64(uintptr(unsafe.Pointer(&mem[0])))}
+	m.mu.free = []span{{0, uint64(size)}}
+	return m, nil
+}
+
+func (m *memory) close() error {
+	err := unix.Munmap(m.mem)
+	if cerr := unix.Close(m.fd); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// alloc returns n bytes aligned to align (a power of two), zeroed.
+func (m *memory) alloc(n, align int) (Buffer, error) {
+	if n <= 0 || align <= 0 || align&(align-1) != 0 {
+		return Buffer{}, fmt.Errorf("guest memory: alloc of %d bytes aligned %d", n, align)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := uint64(align)
+	for i, s := range m.mu.free {
+		start := (s.off + a - 1) &^ (a - 1)
+		if start+uint64(n) > s.off+s.n {
+			continue
+		}
+		end := start + uint64(n)
+		var rest []span
+		if start > s.off {
+			rest = append(rest, span{s.off, start - s.off})
+		}
+		if end < s.off+s.n {
+			rest = append(rest, span{end, s.off + s.n - end})
+		}
+		m.mu.free = append(m.mu.free[:i], append(rest, m.mu.free[i+1:]...)...)
+		b := Buffer{Addr: start, Bytes: m.mem[start:end:end]}
+		clear(b.Bytes)
+		return b, nil
+	}
+	return Buffer{}, fmt.Errorf("guest memory: no room for %d bytes aligned %d", n, align)
+}
+
+// release returns a buffer from alloc.
+func (m *memory) release(b Buffer) {
+	if len(b.Bytes) == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := span{b.Addr, uint64(len(b.Bytes))}
+	i := sort.Search(len(m.mu.free), func(i int) bool { return m.mu.free[i].off > s.off })
+	m.mu.free = append(m.mu.free, span{})
+	copy(m.mu.free[i+1:], m.mu.free[i:])
+	m.mu.free[i] = s
+	// Merge with the next, then the previous neighbour.
+	if i+1 < len(m.mu.free) && m.mu.free[i].off+m.mu.free[i].n == m.mu.free[i+1].off {
+		m.mu.free[i].n += m.mu.free[i+1].n
+		m.mu.free = append(m.mu.free[:i+1], m.mu.free[i+2:]...)
+	}
+	if i > 0 && m.mu.free[i-1].off+m.mu.free[i-1].n == m.mu.free[i].off {
+		m.mu.free[i-1].n += m.mu.free[i].n
+		m.mu.free = append(m.mu.free[:i], m.mu.free[i+1:]...)
+	}
+}
