@@ -12,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/door"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
@@ -69,8 +70,17 @@ func newFileCase(t testing.TB, dir string) *testCase {
 	return newCase(t, s)
 }
 
-func newCase(t testing.TB, s *image.Store) *testCase {
-	if _, err := s.Create("vm0", diskSize, image.Attr{Mode: 0o600}); err != nil {
+func newCase(t testing.TB, s *image.Store) *testCase { return newCaseWith(t, s, nil) }
+
+// newCaseWith is newCase, with an encrypted disk when key is not nil.
+func newCaseWith(t testing.TB, s *image.Store, key *crypt.Secret) *testCase {
+	var err error
+	if key != nil {
+		_, err = s.CreateEncrypted("vm0", diskSize, image.Attr{Mode: 0o600}, key, crypt.Argon2Params{})
+	} else {
+		_, err = s.Create("vm0", diskSize, image.Attr{Mode: 0o600})
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	d, err := s.OpenDisk("vm0")
