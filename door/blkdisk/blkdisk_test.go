@@ -44,6 +44,12 @@ type testCase struct {
 // newMemCase serves a disk of a store on a memory backend (the blocking
 // and Do paths: no ring).
 func newMemCase(t testing.TB) *testCase {
+	s, _ := newMemStore(t)
+	return newCase(t, s)
+}
+
+// newMemStore is a store on a memory backend, and the backend.
+func newMemStore(t testing.TB) (*image.Store, *backend.Mem) {
 	be := backend.NewMem(256 << 20)
 	be.CheckAlignment(512)
 	if err := image.Format(be, image.FormatOptions{}); err != nil {
@@ -53,7 +59,7 @@ func newMemCase(t testing.TB) *testCase {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newCase(t, s)
+	return s, be
 }
 
 // newFileCase serves a disk of a store on a file in dir (the io_uring

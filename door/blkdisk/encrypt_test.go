@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/crypt"
-	"github.com/vdiskfs/vdiskfs/image"
-	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
@@ -18,16 +16,9 @@ import (
 // a plain disk are (so the search can fail).
 func TestEncryptedDiskThroughVhostUser(t *testing.T) {
 	for _, encrypted := range []bool{false, true} {
-		be := backend.NewMem(256 << 20)
-		be.CheckAlignment(512)
-		if err := image.Format(be, image.FormatOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		s, err := image.Open(be, image.Options{CommitInterval: -1, Strict: true, Logger: quiet()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, be := newMemStore(t)
 		var key *crypt.Secret
+		var err error
 		if encrypted {
 			if key, err = crypt.KeyFileSecret(bytes.Repeat([]byte{9}, crypt.KeyFileSize)); err != nil {
 				t.Fatal(err)
