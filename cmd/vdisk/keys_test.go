@@ -146,12 +146,14 @@ func TestEncryptedDisksThroughMount(t *testing.T) {
 		t.Errorf("open of a locked disk: %v, want ENOKEY", err)
 	}
 	mustRun(t, "snapshot", filepath.Join(mnt, "b.raw"), "b.snap")
+	mustRun(t, "clone", filepath.Join(mnt, "b.raw"), "b.clone")
 	mustRun(t, "defrag", mnt, "b.raw")
 	mustRun(t, "fsck", mnt)
 	wantFail(t, exitWrongKey, []string{"wrong key"}, "unlock", filepath.Join(mnt, "b.raw"), "--key-file", aKey)
 	mustRun(t, "unlock", filepath.Join(mnt, "b.raw"), "--key-file", bKey)
 	checkDisk(t, filepath.Join(mnt, "b.raw"), pb)
 	checkDisk(t, filepath.Join(mnt, "b.snap"), pb)
+	checkDisk(t, filepath.Join(mnt, "b.clone"), pb)
 
 	// Rotate b's key online: add c, remove b's slot; c opens it after a
 	// remount, b does not.
