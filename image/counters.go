@@ -37,6 +37,8 @@ type Counters struct {
 	// PreparedBytes: zeros written over free blocks of a store file ahead
 	// of their first use (Store.prepareChunk), not counted as data writes.
 	PreparedBytes atomic.Uint64
+	// UnlockFailures: keys refused by Store.Unlock (ErrWrongKey).
+	UnlockFailures atomic.Uint64
 
 	// Declines: plans a door's queue thread asked for and did not get,
 	// by reason (Decline); those requests went the way that may block.
@@ -118,6 +120,7 @@ type CounterSnapshot struct {
 	Flushes           uint64 `json:"flushes"`
 	Discards          uint64 `json:"discards"`
 	PreparedBytes     uint64 `json:"prepared_bytes"`
+	UnlockFailures    uint64 `json:"unlock_failures"`
 	Errors            uint64 `json:"errors"`
 	Commits           uint64 `json:"commits"`
 	UnflushedCommits  uint64 `json:"unflushed_commits"`
@@ -133,8 +136,8 @@ func (c *Counters) snapshot() CounterSnapshot {
 		MetaReads: c.MetaReads.Load(), MetaReadBytes: c.MetaReadBytes.Load(),
 		MetaWrites: c.MetaWrites.Load(), MetaWriteBytes: c.MetaWriteBytes.Load(),
 		Flushes: c.Flushes.Load(), Discards: c.Discards.Load(), Errors: c.Errors.Load(),
-		PreparedBytes: c.PreparedBytes.Load(),
-		Commits:       c.Commits.Load(), JournalBytes: c.JournalBytes.Load(),
+		PreparedBytes: c.PreparedBytes.Load(), UnlockFailures: c.UnlockFailures.Load(),
+		Commits: c.Commits.Load(), JournalBytes: c.JournalBytes.Load(),
 		UnflushedCommits: c.UnflushedCommits.Load(),
 		Checkpoints:      c.Checkpoints.Load(),
 		Allocations:      c.Allocations.Load(), AllocatedBlocks: c.AllocatedBlocks.Load(),

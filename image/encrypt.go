@@ -296,6 +296,9 @@ func (s *Store) Unlock(name string, secret *crypt.Secret) (int, error) {
 	}
 	key, err := openSlot(name, tab, secret)
 	if err != nil {
+		if errors.Is(err, ErrWrongKey) {
+			s.stats.UnlockFailures.Add(1)
+		}
 		return 0, fmt.Errorf("unlock: %w", err)
 	}
 	c, err := crypt.NewCipher(key, int(s.bs))

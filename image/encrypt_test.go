@@ -136,6 +136,9 @@ func TestEncryptedDiskRoundTrip(t *testing.T) {
 			if _, err := s.Unlock("secret.raw", testSecret(t, 8)); !errors.Is(err, ErrWrongKey) {
 				t.Fatalf("unlock with the wrong key: %v, want ErrWrongKey", err)
 			}
+			if n := s.Metrics().Counters.UnlockFailures; n != 1 {
+				t.Errorf("%d unlock failures counted, want 1", n)
+			}
 			if _, err := s.Unlock("plain.raw", testSecret(t, 7)); !errors.Is(err, ErrNotEncrypted) {
 				t.Fatalf("unlock of a plain disk: %v, want ErrNotEncrypted", err)
 			}

@@ -66,6 +66,7 @@ var families = []struct {
 	{"fuse_request_latency_seconds", "Latency of FUSE requests by operation.", []string{"op"}},
 	{"plan_declines_total", "Requests a door's queue thread could not plan without waiting, by reason; they were served on the path that may block (image.Decline).", []string{"reason"}},
 	{"disks_locked", "Encrypted disks whose key has not been given (vdisk unlock): listed, but their data cannot be read or written.", nil},
+	{"unlock_failures_total", "Keys refused when unlocking an encrypted disk (a wrong key file or passphrase).", nil},
 	{"crypt_bytes_total", "Bytes of encrypted disks encrypted for writes and decrypted after reads, in whole blocks.", []string{"op"}},
 	{"vhost_user_requests_total", "Requests completed by a disk's vhost-user device, by type.", []string{"disk", "socket", "op"}},
 	{"vhost_user_request_errors_total", "Requests a vhost-user device completed with VIRTIO_BLK_S_IOERR, by type.", []string{"disk", "socket", "op"}},
@@ -156,6 +157,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- constHistogram(c.descs["fuse_request_latency_seconds"], h, op)
 	}
 	gauge("disks_locked", float64(m.LockedDisks))
+	counter("unlock_failures_total", k.UnlockFailures)
 	counter("crypt_bytes_total", k.EncryptedBytes, "encrypt")
 	counter("crypt_bytes_total", k.DecryptedBytes, "decrypt")
 	if vs, ok := c.src.(VhostSource); ok {
