@@ -41,6 +41,8 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EKEYREJECTED
 	case errors.Is(err, image.ErrCrossKey):
 		return syscall.EXDEV
+	case errors.Is(err, image.ErrBusy):
+		return syscall.EBUSY
 	case errors.Is(err, image.ErrNotEncrypted):
 		return syscall.EINVAL
 	case errors.As(err, &errno) && errno != 0:

@@ -35,6 +35,7 @@ func TestErrnoOf(t *testing.T) {
 		{wrap(image.ErrLocked), syscall.ENOKEY},
 		{wrap(image.ErrWrongKey), syscall.EKEYREJECTED},
 		{wrap(image.ErrCrossKey), syscall.EXDEV},
+		{wrap(image.ErrBusy), syscall.EBUSY},
 		{wrap(image.ErrClosed), syscall.EIO},
 		{wrap(image.ErrCorrupt), syscall.EIO},
 		{wrap(fmt.Errorf("%w: %w", image.ErrFailed, syscall.ENOSPC)), syscall.EIO}, // failed wins

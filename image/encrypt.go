@@ -384,6 +384,37 @@ func (d *disk) zeroEncryptedTail(c *crypt.Cipher) error {
 	return nil
 }
 
+// Lock forgets the key of the encrypted disk called name: it and every
+// disk with its key are locked again, as after the store opened. It is
+// refused (ErrBusy) while any of them is open. It returns how many disks
+// it locked.
+func (s *Store) Lock(name string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.mu.names[name]
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("lock disk %q: %w", name, ErrNotExist)
+	case d.enc == nil:
+		return 0, fmt.Errorf("lock disk %q: %w", name, ErrNotEncrypted)
+	}
+	var family []*disk
+	for _, x := range s.mu.disks {
+		if x.enc != nil && x.enc.check == d.enc.check {
+			if x.opens > 0 {
+				return 0, fmt.Errorf("lock disk %q: disk %q has its key and is open: %w", name, x.name, ErrBusy)
+			}
+			family = append(family, x)
+		}
+	}
+	for _, x := range family {
+		x.enc.cipher.Store(nil)
+	}
+	delete(s.mu.ciphers, d.enc.check)
+	s.log.WithField("disk", name).WithField("disks", len(family)).Info("encrypted disks locked")
+	return len(family), nil
+}
+
 // KeySlot describes one key slot of an encrypted disk (no key material).
 type KeySlot struct {
 	ID     uint32

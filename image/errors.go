@@ -56,4 +56,6 @@ var (
 	ErrCrossKey = errors.New("image: disks do not share a key")
 	// ErrNotEncrypted: a key operation on a plain disk.
 	ErrNotEncrypted = errors.New("image: disk is not encrypted")
+	// ErrBusy: a disk with the key is open (Store.Lock; EBUSY).
+	ErrBusy = errors.New("image: disk is in use")
 )

@@ -13,6 +13,7 @@ package telemetry
 // closes are closed.
 //
 //	POST /unlock?disk=NAME                         one key file: Store.Unlock
+//	POST /lock?disk=NAME                           Store.Lock (no key)
 //	POST /create-encrypted?name=N&size=S&mode=M    one key file: a new encrypted disk, the peer's
 //	POST /keys/add?disk=NAME                       two: a key of the disk, the key to add
 //	POST /keys/remove?disk=NAME&slot=ID            one: a key of the disk
@@ -46,6 +47,7 @@ import (
 // keys passed to it (the daemon's Controller, when it is one).
 type KeyController interface {
 	Unlock(name string, key *crypt.Secret) (int, error)
+	Lock(name string) (int, error)
 	CreateEncrypted(name string, size int64, a image.Attr, key *crypt.Secret) (image.DiskInfo, error)
 	AddKey(name string, have, add *crypt.Secret) (uint32, error)
 	RemoveKey(name string, have *crypt.Secret, slot uint32) error
@@ -217,6 +219,10 @@ func handleKeys(mux *http.ServeMux, ctl Controller) {
 		n, err := kc.Unlock(q(r, "disk"), k[0])
 		return UnlockReply{Disks: n}, err
 	}))
+	mux.HandleFunc("POST /lock", withKeys(0, func(_ http.ResponseWriter, r *http.Request, _ []*crypt.Secret) (any, error) {
+		n, err := kc.Lock(q(r, "disk"))
+		return UnlockReply{Disks: n}, err
+	}))
 	mux.HandleFunc("POST /create-encrypted", withKeys(1, func(_ http.ResponseWriter, r *http.Request, k []*crypt.Secret) (any, error) {
 		size, err := strconv.ParseInt(q(r, "size"), 10, 64)
 		if err != nil {
@@ -300,6 +306,15 @@ func keyRequest(mountpoint, method, path string, query url.Values, reply any, fi
 func Unlock(mountpoint, disk string, key *os.File) (int, error) {
 	var rep UnlockReply
 	err := keyRequest(mountpoint, http.MethodPost, "/unlock", url.Values{"disk": {disk}}, &rep, key)
+	return rep.Disks, err
+}
+
+// Lock asks the mount at mountpoint to forget the key of its disk called
+// disk (refused while a disk with the key is open), and returns how many
+// disks it locked.
+func Lock(mountpoint, disk string) (int, error) {
+	var rep UnlockReply
+	err := keyRequest(mountpoint, http.MethodPost, "/lock", url.Values{"disk": {disk}}, &rep)
 	return rep.Disks, err
 }
 

@@ -298,6 +298,8 @@ func statusOf(err error) int {
 		return http.StatusUnauthorized
 	case errors.Is(err, image.ErrLocked):
 		return http.StatusLocked
+	case errors.Is(err, image.ErrBusy):
+		return http.StatusPreconditionFailed
 	}
 	return http.StatusInternalServerError
 }
@@ -329,6 +331,8 @@ func errorOf(resp *http.Response) error {
 		e.is = image.ErrWrongKey
 	case http.StatusLocked:
 		e.is = image.ErrLocked
+	case http.StatusPreconditionFailed:
+		e.is = image.ErrBusy
 	}
 	if e.msg == "" {
 		e.msg = resp.Status

@@ -58,6 +58,8 @@ func (m mountSource) CreateEncrypted(name string, size int64, a image.Attr, key 
 	return m.srv.CreateEncrypted(name, size, a, key)
 }
 
+func (m mountSource) Lock(name string) (int, error) { return m.s.Lock(name) }
+
 func (m mountSource) AddKey(name string, have, add *crypt.Secret) (uint32, error) {
 	return m.s.AddKey(name, have, add, crypt.Argon2Params{})
 }
@@ -217,6 +219,32 @@ every disk whose key file DIR/NAME.key it finds.`,
 	}
 	k.add(cmd, "the disk's key", false)
 	return cmd
+}
+
+func newLockCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "lock MOUNTPOINT/DISK",
+		Short: "Make a mount forget the key of an encrypted disk",
+		Long: `Lock makes the daemon serving the mount forget the key of the encrypted disk
+MOUNTPOINT/DISK, and so of every disk with the same key (its clones and
+snapshots): they are locked again, as after the mount started, until vdisk
+unlock. It is refused (EBUSY, "Device or resource busy") while any of them is
+open. The daemon's memory of the key is released to the Go runtime, not
+erased (AES key schedules live in its heap).`,
+		Args: exactArgs("MOUNTPOINT/DISK"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			mnt, disk, err := mountedDisk(args[0])
+			if err != nil {
+				return usageErrorf("%v: lock takes a disk of a mounted store", err)
+			}
+			n, err := telemetry.Lock(mnt, disk)
+			if err != nil {
+				return fmt.Errorf("lock %s: %w", args[0], err)
+			}
+			fmt.Fprintf(e.stdout, "locked %s (%d disk(s) with its key)\n", disk, n)
+			return nil
+		},
+	}
 }
 
 func newKeyCmd(e *env) *cobra.Command {

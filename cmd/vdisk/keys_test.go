@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -154,6 +155,24 @@ func TestEncryptedDisksThroughMount(t *testing.T) {
 	checkDisk(t, filepath.Join(mnt, "b.raw"), pb)
 	checkDisk(t, filepath.Join(mnt, "b.snap"), pb)
 	checkDisk(t, filepath.Join(mnt, "b.clone"), pb)
+
+	// Lock is refused while a disk with the key is open, then forgets it.
+	f, err := os.Open(filepath.Join(mnt, "b.clone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFail(t, exitFailure, []string{"in use"}, "lock", filepath.Join(mnt, "b.raw"))
+	f.Close()
+	// The kernel releases the file after close returns: try until it has.
+	for start := time.Now(); vdisk(t, "lock", filepath.Join(mnt, "b.raw")).code != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Since(start) > time.Minute {
+			t.Fatal("lock still refused a minute after the last close")
+		}
+	}
+	if _, err := os.Open(filepath.Join(mnt, "b.snap")); !errors.Is(err, syscall.ENOKEY) {
+		t.Errorf("open after lock: %v, want ENOKEY", err)
+	}
+	mustRun(t, "unlock", filepath.Join(mnt, "b.raw"), "--key-file", bKey)
 
 	// Rotate b's key online: add c, remove b's slot; c opens it after a
 	// remount, b does not.

@@ -142,6 +142,7 @@ Exit codes: 0 success (fsck: clean); 1 fsck repaired every finding;
 		newVersionCmd(e),
 		newGendocsCmd(e),
 		newUnlockCmd(e),
+		newLockCmd(e),
 		newKeyCmd(e),
 	)
 	for _, c := range root.Commands() {
