@@ -84,6 +84,9 @@ func (m mountSource) Send(w io.Writer, disk, from string) (transfer.Stats, error
 }
 
 func (m mountSource) Receive(r io.Reader, name string, o transfer.ReceiveOptions) (transfer.Stats, error) {
+	if o.Key != nil {
+		holdKeys(m.log) // keys.go
+	}
 	return m.srv.Receive(r, name, o)
 }
 

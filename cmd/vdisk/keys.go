@@ -97,8 +97,12 @@ func (k *keyFlags) add(cmd *cobra.Command, what string, passphrase bool) {
 
 func (k *keyFlags) given() bool { return k.keyFile != "" || k.passphraseFile != "" }
 
-// secret loads the key the flags name.
+// secret loads the key the flags name; the process holds keys from then
+// on (holdKeys).
 func (k *keyFlags) secret(e *env) (*crypt.Secret, error) {
+	if k.given() {
+		holdKeys(e.log)
+	}
 	switch {
 	case k.keyFile != "" && k.passphraseFile != "":
 		return nil, usageErrorf("--key-file and --passphrase-file: give one")
