@@ -147,6 +147,14 @@ func (s *vhostSet) startLocked(name, socket string, auto bool) (VhostUser, error
 		h.Close()
 		return VhostUser{}, fmt.Errorf("serve disk %q on %s: %w", name, socket, image.ErrLocked)
 	}
+	// One frontend per disk: a disk served on one socket is not served on
+	// another, so two guests never write it at once through this door.
+	for _, d := range s.mu.bySocket {
+		if d.id == h.ID() {
+			h.Close()
+			return VhostUser{}, fmt.Errorf("serve disk %q on %s: it is served on %s already (stop that first): %w", name, socket, d.socket, image.ErrExist)
+		}
+	}
 	srv, err := s.serve(h, blk.Config{Socket: socket, ID: name, Queues: s.queues, SocketGroup: s.group,
 		Log: s.log.WithFields(logrus.Fields{"disk": name, "vhost_user_socket": socket})})
 	if err != nil {

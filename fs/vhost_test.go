@@ -116,20 +116,27 @@ func TestVhostUserDirFollowsDisks(t *testing.T) {
 		t.Errorf("the old socket is still there: %v", err)
 	}
 
-	// A second server of the same disk on another socket, asked for.
+	// One socket per disk: b.raw is served on its own socket in dir, so
+	// another socket for it is refused until that one stops.
 	other := filepath.Join(t.TempDir(), "other.sock")
+	if _, err := tc.srv.ServeVhostUser("b.raw", other); !errors.Is(err, image.ErrExist) {
+		t.Errorf("a disk on a second socket: %v, want ErrExist", err)
+	}
+	if err := tc.srv.StopVhostUser(sock("b.raw")); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := tc.srv.ServeVhostUser("b.raw", other); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tc.srv.ServeVhostUser("b.raw", other); !errors.Is(err, image.ErrExist) {
-		t.Errorf("a second server on the same socket: %v, want ErrExist", err)
+	if _, err := tc.srv.ServeVhostUser("a-snap", other); !errors.Is(err, image.ErrExist) {
+		t.Errorf("a second disk on the same socket: %v, want ErrExist", err)
 	}
 	if _, err := tc.srv.ServeVhostUser("missing", filepath.Join(dir, "x.sock")); !errors.Is(err, image.ErrNotExist) {
 		t.Errorf("serving a missing disk: %v, want ErrNotExist", err)
 	}
 	got := tc.srv.VhostUsers()
-	if len(got) != 3 {
-		t.Fatalf("VhostUsers: %+v, want 3 servers", got)
+	if len(got) != 2 {
+		t.Fatalf("VhostUsers: %+v, want 2 servers", got)
 	}
 	for _, u := range got {
 		if u.Stats.Read.Requests != 1 {

@@ -12,7 +12,8 @@ import (
 
 // vhost-user serves a disk of a mount on a socket and --stop ends it; ls
 // shows where; with -o vhost_user_dir every disk is served as
-// DIR/NAME.sock; the sockets get the mount's socket group, 0660.
+// DIR/NAME.sock; a disk is served on one socket at a time; the sockets get
+// the mount's socket group, 0660.
 func TestVhostUserCommand(t *testing.T) {
 	store := newStore(t)
 	dir := t.TempDir()
@@ -22,9 +23,16 @@ func TestVhostUserCommand(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mnt, "d.raw"), make([]byte, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(mnt, "m.raw"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	auto := filepath.Join(dir, "d.raw.sock")
 	sock := filepath.Join(t.TempDir(), "asked.sock")
-	r := mustRun(t, "vhost-user", filepath.Join(mnt, "d.raw"), sock)
+	// One socket per disk: m.raw, served from the directory, moves to sock
+	// only once its own socket stops.
+	wantFail(t, exitFailure, []string{"served on " + filepath.Join(dir, "m.raw.sock") + " already"}, "vhost-user", filepath.Join(mnt, "m.raw"), sock)
+	mustRun(t, "vhost-user", "--stop", filepath.Join(dir, "m.raw.sock"))
+	r := mustRun(t, "vhost-user", filepath.Join(mnt, "m.raw"), sock)
 	if !strings.Contains(r.stdout, sock) {
 		t.Errorf("vhost-user said %q", r.stdout)
 	}
