@@ -15,6 +15,17 @@ func (s *Server) CreateEncrypted(name string, size int64, a image.Attr, key *cry
 	return s.showNew("create", name)(s.vfs.store.CreateEncrypted(name, size, a, key, crypt.Argon2Params{}))
 }
 
+// Unlock gives the store a key (image.Store.Unlock) and then, with
+// Options.VhostUserDir, serves on their sockets the disks it opened, which
+// a locked disk could not be at mount time.
+func (s *Server) Unlock(name string, key *crypt.Secret) (int, error) {
+	n, err := s.vfs.store.Unlock(name, key)
+	if err == nil {
+		s.vfs.vhost.unlocked()
+	}
+	return n, err
+}
+
 // SendRaw writes a raw stream of the encrypted disk (transfer.SendOptions.Raw),
 // for `vdisk send --raw` on a mounted store: it needs no key.
 func (s *Server) SendRaw(w io.Writer, disk, from string) (transfer.Stats, error) {

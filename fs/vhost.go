@@ -149,11 +149,9 @@ func (s *vhostSet) startLocked(name, socket string, auto bool) (VhostUser, error
 	}
 	// One frontend per disk: a disk served on one socket is not served on
 	// another, so two guests never write it at once through this door.
-	for _, d := range s.mu.bySocket {
-		if d.id == h.ID() {
-			h.Close()
-			return VhostUser{}, fmt.Errorf("serve disk %q on %s: it is served on %s already (stop that first): %w", name, socket, d.socket, image.ErrExist)
-		}
+	if ds := s.ofDiskLocked(h.ID()); len(ds) > 0 {
+		h.Close()
+		return VhostUser{}, fmt.Errorf("serve disk %q on %s: it is served on %s already (stop that first): %w", name, socket, ds[0].socket, image.ErrExist)
 	}
 	srv, err := s.serve(h, blk.Config{Socket: socket, ID: name, Queues: s.queues, SocketGroup: s.group,
 		Log: s.log.WithFields(logrus.Fields{"disk": name, "vhost_user_socket": socket})})
@@ -251,6 +249,24 @@ func (s *vhostSet) created(name string) {
 	}
 	if _, err := s.start(name, s.autoSocket(name), true); err != nil {
 		s.log.WithError(err).WithField("disk", name).Error("the disk is not served on vhost-user")
+	}
+}
+
+// unlocked starts the auto servers of the disks that are unlocked now and
+// not served (they were locked when the mount or their creation tried).
+func (s *vhostSet) unlocked() {
+	if s.dir == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, info := range s.store.List() {
+		if info.Locked || len(s.ofDiskLocked(info.ID)) > 0 {
+			continue
+		}
+		if _, err := s.startLocked(info.Name, s.autoSocket(info.Name), true); err != nil {
+			s.log.WithError(err).WithField("disk", info.Name).Error("the unlocked disk is not served on vhost-user")
+		}
 	}
 }
 

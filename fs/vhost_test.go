@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
 	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
@@ -258,5 +259,45 @@ func TestVhostUserRealDevice(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the socket is still there after the disk's removal: %v", err)
+	}
+}
+
+// TestVhostUserServesUnlocked: with a vhost-user directory, an encrypted
+// disk that is locked is not served, and an unlock through the mount
+// (Server.Unlock) serves it on its socket.
+func TestVhostUserServesUnlocked(t *testing.T) {
+	dir := t.TempDir()
+	fake := &fakeVhost{servers: map[string]*fakeServer{}}
+	tc := newTestCase(t, withMountOptions(Options{VhostServe: fake.serve, VhostUserDir: dir}))
+	sock := filepath.Join(dir, "e.raw.sock")
+	raw := bytes.Repeat([]byte{7}, 32)
+	key := func() *crypt.Secret {
+		k, err := crypt.KeyFileSecret(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { k.Close() })
+		return k
+	}
+	if _, err := tc.srv.CreateEncrypted("e.raw", 1<<20, image.Attr{Mode: 0o600}, key()); err != nil {
+		t.Fatal(err)
+	}
+	if fake.get(sock) == nil {
+		t.Fatalf("the new encrypted disk is not served")
+	}
+	if err := tc.srv.StopVhostUser(sock); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.srv.vfs.store.Lock("e.raw"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.srv.ServeVhostUser("e.raw", sock); err == nil {
+		t.Fatalf("a locked disk was served")
+	}
+	if _, err := tc.srv.Unlock("e.raw", key()); err != nil {
+		t.Fatal(err)
+	}
+	if fake.get(sock) == nil {
+		t.Errorf("the unlocked disk is not served on %s", sock)
 	}
 }

@@ -46,11 +46,12 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// The daemon's side of telemetry.KeyController: the store's, and a new
-// disk shows in the mount at once. Holding a key turns core dumps off.
+// The daemon's side of telemetry.KeyController: the store's, a new disk
+// shows in the mount at once, and an unlocked disk is served on the
+// mount's vhost-user directory. Holding a key turns core dumps off.
 func (m mountSource) Unlock(name string, key *crypt.Secret) (int, error) {
 	holdKeys(m.log)
-	return m.s.Unlock(name, key)
+	return m.srv.Unlock(name, key)
 }
 
 func (m mountSource) CreateEncrypted(name string, size int64, a image.Attr, key *crypt.Secret) (image.DiskInfo, error) {
