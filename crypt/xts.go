@@ -104,11 +104,11 @@ const tweakChunk = 64
 // dst's first AES block, whose input is kept aside and put back (so in
 // place works, and the AES interface sees only the caller's buffers:
 // nothing escapes to the heap). The blocks then go in batches of up to
-// tweakChunk: their tweaks are written out whole into a stack buffer, and
-// xorCrypt XORs them into the data, runs AES and XORs them again.
-// Computing the tweaks apart from the AES lets the AES-NI kernel pipeline
-// eight blocks at a time; in the generic xorCrypt, writing them whole
-// avoids stalls on store forwarding.
+// tweakChunk: their tweaks are written out as pairs of words into a stack
+// buffer, and xorCrypt XORs them into the data, runs AES and XORs them
+// again. Computing the tweaks apart from the AES lets the AES-NI kernel
+// pipeline eight blocks at a time; words rather than bytes keep the
+// computation to a few instructions a tweak.
 func (c *Cipher) unit(dst, src []byte, tweak uint64, encrypt bool) {
 	le := binary.LittleEndian
 	p0, p1 := le.Uint64(src[0:]), le.Uint64(src[8:])
@@ -119,25 +119,32 @@ func (c *Cipher) unit(dst, src []byte, tweak uint64, encrypt bool) {
 	le.PutUint64(dst[0:], p0)
 	le.PutUint64(dst[8:], p1)
 
-	var tw [tweakChunk * aesBlock]byte
-	for off := 0; off < len(src); off += len(tw) {
-		n := min(len(src)-off, len(tw))
-		for i := 0; i < n; i += aesBlock {
-			le.PutUint64(tw[i:], t0)
-			le.PutUint64(tw[i+8:], t1)
+	var tw [tweakChunk][2]uint64
+	for off := 0; off < len(src); off += len(tw) * aesBlock {
+		n := min(len(src)-off, len(tw)*aesBlock)
+		k := n / aesBlock
+		for i := range tw[:k] {
+			tw[i] = [2]uint64{t0, t1}
 			t0, t1 = mulAlpha(t0, t1)
 		}
-		c.xorCrypt(dst[off:off+n], src[off:off+n], tw[:n], encrypt)
+		c.xorCrypt(dst[off:off+n], src[off:off+n], tw[:k], encrypt)
 	}
 }
 
-// xorCryptGeneric is xorCrypt with crypto/aes's k1: crypto/subtle's vector
-// XOR around one AES call per block. XORing each block in 8-byte halves
-// next to its AES call instead is much slower: among other things, the AES
-// call's 16-byte load of the two 8-byte stores just made cannot be
-// forwarded from them and waits.
-func (c *Cipher) xorCryptGeneric(dst, src, tw []byte, encrypt bool) {
-	subtle.XORBytes(dst, src, tw)
+// xorCryptGeneric is xorCrypt with crypto/aes's k1: the tweaks as bytes,
+// crypto/subtle's vector XOR around one AES call per block. XORing each
+// block in 8-byte halves next to its AES call instead is much slower:
+// among other things, the AES call's 16-byte load of the two 8-byte stores
+// just made cannot be forwarded from them and waits.
+func (c *Cipher) xorCryptGeneric(dst, src []byte, tw [][2]uint64, encrypt bool) {
+	le := binary.LittleEndian
+	var buf [tweakChunk * aesBlock]byte
+	twb := buf[:len(tw)*aesBlock]
+	for i, t := range tw {
+		le.PutUint64(twb[i*aesBlock:], t[0])
+		le.PutUint64(twb[i*aesBlock+8:], t[1])
+	}
+	subtle.XORBytes(dst, src, twb)
 	for i := 0; i < len(dst); i += aesBlock {
 		b := dst[i : i+aesBlock]
 		if encrypt {
@@ -146,14 +153,14 @@ func (c *Cipher) xorCryptGeneric(dst, src, tw []byte, encrypt bool) {
 			c.k1.Decrypt(b, b)
 		}
 	}
-	subtle.XORBytes(dst, dst, tw)
+	subtle.XORBytes(dst, dst, twb)
 }
 
 // mulAlpha is T·α in GF(2^128) modulo x^128 + x^7 + x^2 + x + 1, T given
 // as its low and high halves: shift left by one, fold the carry back.
+// The carry becomes a mask by an arithmetic shift, without a branch.
 func mulAlpha(t0, t1 uint64) (uint64, uint64) {
-	carry := t1 >> 63
-	return t0<<1 ^ carry*0x87, t1<<1 | t0>>63
+	return t0<<1 ^ uint64(int64(t1)>>63)&0x87, t1<<1 | t0>>63
 }
 
 // inexactOverlap reports whether x and y share memory other than at the

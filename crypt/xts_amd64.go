@@ -26,10 +26,11 @@ func (k *dataKeys) init(key []byte) bool {
 }
 
 // xorCrypt sets dst to the data key's AES of src XOR tw, XOR tw, for each
-// 16-byte block of src with the block of tw at the same offset. dst, src
-// and tw have the same length, a multiple of 16; dst and src are the same
-// slice or do not overlap.
-func (c *Cipher) xorCrypt(dst, src, tw []byte, encrypt bool) {
+// 16-byte block of src with the tweak of the same index in tw, its low and
+// high halves of IEEE 1619's little-endian 128-bit value, which on amd64
+// are that value's bytes in memory. dst and src have the same length, 16
+// bytes per tweak; they are the same slice or do not overlap.
+func (c *Cipher) xorCrypt(dst, src []byte, tw [][2]uint64, encrypt bool) {
 	if !c.keys.ok {
 		c.xorCryptGeneric(dst, src, tw, encrypt)
 		return
@@ -38,7 +39,7 @@ func (c *Cipher) xorCrypt(dst, src, tw []byte, encrypt bool) {
 		return
 	}
 	n := len(src) / aesBlock
-	_, _ = dst[n*aesBlock-1], tw[n*aesBlock-1] // the kernel does not check
+	_, _ = dst[n*aesBlock-1], tw[n-1] // the kernel does not check
 	if encrypt {
 		xtsEncryptAsm(&c.keys.enc, &dst[0], &src[0], &tw[0], n)
 	} else {
@@ -50,7 +51,7 @@ func (c *Cipher) xorCrypt(dst, src, tw []byte, encrypt bool) {
 // keys xk (xts_amd64.s). They need AES-NI.
 //
 //go:noescape
-func xtsEncryptAsm(xk *[roundKeyBytes]byte, dst, src, tw *byte, n int)
+func xtsEncryptAsm(xk *[roundKeyBytes]byte, dst, src *byte, tw *[2]uint64, n int)
 
 //go:noescape
-func xtsDecryptAsm(xk *[roundKeyBytes]byte, dst, src, tw *byte, n int)
+func xtsDecryptAsm(xk *[roundKeyBytes]byte, dst, src *byte, tw *[2]uint64, n int)

@@ -145,10 +145,10 @@ loop1: \
 done: \
 	RET
 
-// func xtsEncryptAsm(xk *[roundKeyBytes]byte, dst, src, tw *byte, n int)
+// func xtsEncryptAsm(xk *[roundKeyBytes]byte, dst, src *byte, tw *[2]uint64, n int)
 TEXT ·xtsEncryptAsm(SB), NOSPLIT, $0-40
 	XTS(AESENC, AESENCLAST)
 
-// func xtsDecryptAsm(xk *[roundKeyBytes]byte, dst, src, tw *byte, n int)
+// func xtsDecryptAsm(xk *[roundKeyBytes]byte, dst, src *byte, tw *[2]uint64, n int)
 TEXT ·xtsDecryptAsm(SB), NOSPLIT, $0-40
 	XTS(AESDEC, AESDECLAST)

@@ -57,7 +57,7 @@ func TestKeyScheduleMatchesCryptoAES(t *testing.T) {
 		for i := range src {
 			src[i] = byte(r.Uint32())
 		}
-		zero := make([]byte, len(src))
+		zero := make([][2]uint64, n)
 		want := make([]byte, len(src))
 		for i := 0; i < len(src); i += aesBlock {
 			ref.Encrypt(want[i:i+aesBlock], src[i:i+aesBlock])
