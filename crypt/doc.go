@@ -22,6 +22,14 @@
 // block sizes are equal. Using a tweak twice for different contents of a block under one
 // key is what the store must avoid; this package cannot see it.
 //
+// Each data unit's tweaks are computed up front in Go (T0 with crypto/aes,
+// then T0·α^j), a batch at a time. On amd64 with AES-NI (and without the
+// purego build tag) the data key's AES runs in assembly kernels
+// (xts_amd64.s) that XOR the tweaks in, run the rounds on eight blocks at
+// once so the AES unit's latency is hidden, and XOR the tweaks again, with
+// round keys this package expands (aeskey_amd64.go); elsewhere crypto/aes
+// encrypts one block at a time.
+//
 // # Keys and slots
 //
 // A disk has one random 64-byte data key (NewDataKey). Its SlotTable holds
@@ -41,10 +49,12 @@
 //
 // Data keys, KEKs and secrets live in their own anonymous mappings, locked
 // in RAM, left out of core dumps and wiped in a forked child, and are
-// zeroed on Close (see lockedBuf). Three copies escape that and are out of this package's
-// reach: the AES key schedules crypto/aes keeps in the Go heap for as long
-// as a Cipher or a slot's AEAD lives, HMAC's padded copy of the key while
-// a check value is computed, and the KDFs' heap results, which are copied
+// zeroed on Close (see lockedBuf). Three copies escape that: the AES key
+// schedules in the Go heap for as long as a Cipher or a slot's AEAD lives
+// (a Cipher's own schedule of the data key where it has AES-NI kernels,
+// otherwise crypto/aes's, and crypto/aes's of the tweak key and the
+// KEKs), which nothing zeroes; HMAC's padded copy of the key while a
+// check value is computed; and the KDFs' heap results, which are copied
 // and zeroed at once. No error, String or GoString shows key material.
 //
 // # Concurrency

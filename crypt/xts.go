@@ -17,10 +17,14 @@ const aesBlock = 16
 // Block i of a call is one data unit whose tweak (IEEE 1619's data unit
 // sequence number) is tweak+i, encoded as a 128-bit little-endian number.
 //
-// A Cipher is safe for concurrent use: it holds only the two expanded AES
-// keys, which crypto/aes keeps in the Go heap and does not let anyone zero.
+// A Cipher is safe for concurrent use: it holds only the expanded AES
+// keys, in the Go heap, which nobody zeroes. The data key's are this
+// package's own (keys) where there are AES-NI kernels for them, crypto/aes's
+// (k1) otherwise; the tweak key's are crypto/aes's (k2).
 type Cipher struct {
-	k1, k2    cipher.Block // k1 encrypts the data, k2 the tweaks
+	keys      dataKeys     // the data key's round keys for the AES-NI kernels, if keys.init took them
+	k1        cipher.Block // encrypts the data when keys does not; nil when it does
+	k2        cipher.Block // encrypts the tweaks
 	blockSize int
 }
 
@@ -32,15 +36,20 @@ func NewCipher(key *DataKey, blockSize int) (*Cipher, error) {
 			blockSize, aesBlock, aesBlock, aesBlock<<20, ErrInvalid)
 	}
 	k := key.bytes()
-	k1, err := aes.NewCipher(k[:DataKeySize/2])
-	if err != nil {
-		return nil, fmt.Errorf("crypt: data cipher: %w", err)
+	c := &Cipher{blockSize: blockSize}
+	if !c.keys.init(k[:DataKeySize/2]) {
+		k1, err := aes.NewCipher(k[:DataKeySize/2])
+		if err != nil {
+			return nil, fmt.Errorf("crypt: data cipher: %w", err)
+		}
+		c.k1 = k1
 	}
 	k2, err := aes.NewCipher(k[DataKeySize/2:])
 	if err != nil {
 		return nil, fmt.Errorf("crypt: tweak cipher: %w", err)
 	}
-	return &Cipher{k1: k1, k2: k2, blockSize: blockSize}, nil
+	c.k2 = k2
+	return c, nil
 }
 
 // BlockSize is the data unit: the length EncryptBlocks and DecryptBlocks
@@ -86,21 +95,20 @@ func (c *Cipher) check(dst, src []byte, tweak uint64) {
 }
 
 // tweakChunk is how many AES blocks unit handles per batch.
-const tweakChunk = 32
+const tweakChunk = 64
 
 // unit transforms one data unit.
 //
 // The running tweak T lives in two uint64s, the low and high halves of
 // IEEE 1619's little-endian 128-bit value. T0 = E_k2(tweak) is computed in
-// dst's first AES block once that block's input is out of src (so in
+// dst's first AES block, whose input is kept aside and put back (so in
 // place works, and the AES interface sees only the caller's buffers:
-// nothing escapes to the heap). The other blocks go in batches of up to
-// tweakChunk: their tweaks are written out whole into a stack buffer,
-// then XORed into the data and back with crypto/subtle's vector XOR
-// around one AES call per block. XORing each block in 8-byte halves next
-// to its AES call instead is much slower: among other things, the AES
-// call's 16-byte load of the two 8-byte stores just made cannot be
-// forwarded from them and waits.
+// nothing escapes to the heap). The blocks then go in batches of up to
+// tweakChunk: their tweaks are written out as pairs of words into a stack
+// buffer, and xorCrypt XORs them into the data, runs AES and XORs them
+// again. Computing the tweaks apart from the AES lets the AES-NI kernel
+// pipeline eight blocks at a time; words rather than bytes keep the
+// computation to a few instructions a tweak.
 func (c *Cipher) unit(dst, src []byte, tweak uint64, encrypt bool) {
 	le := binary.LittleEndian
 	p0, p1 := le.Uint64(src[0:]), le.Uint64(src[8:])
@@ -108,44 +116,51 @@ func (c *Cipher) unit(dst, src []byte, tweak uint64, encrypt bool) {
 	le.PutUint64(dst[8:], 0)
 	c.k2.Encrypt(dst[:aesBlock], dst[:aesBlock])
 	t0, t1 := le.Uint64(dst[0:]), le.Uint64(dst[8:])
-	le.PutUint64(dst[0:], p0^t0)
-	le.PutUint64(dst[8:], p1^t1)
-	c.crypt(dst[:aesBlock], encrypt)
-	le.PutUint64(dst[0:], le.Uint64(dst[0:])^t0)
-	le.PutUint64(dst[8:], le.Uint64(dst[8:])^t1)
-	t0, t1 = mulAlpha(t0, t1)
+	le.PutUint64(dst[0:], p0)
+	le.PutUint64(dst[8:], p1)
 
-	var tw [tweakChunk * aesBlock]byte
-	for off := aesBlock; off < len(src); off += len(tw) {
-		n := min(len(src)-off, len(tw))
-		for i := 0; i < n; i += aesBlock {
-			le.PutUint64(tw[i:], t0)
-			le.PutUint64(tw[i+8:], t1)
+	var tw [tweakChunk][2]uint64
+	for off := 0; off < len(src); off += len(tw) * aesBlock {
+		n := min(len(src)-off, len(tw)*aesBlock)
+		k := n / aesBlock
+		for i := range tw[:k] {
+			tw[i] = [2]uint64{t0, t1}
 			t0, t1 = mulAlpha(t0, t1)
 		}
-		d := dst[off : off+n]
-		subtle.XORBytes(d, src[off:off+n], tw[:n])
-		for i := 0; i < n; i += aesBlock {
-			c.crypt(d[i:i+aesBlock], encrypt)
-		}
-		subtle.XORBytes(d, d, tw[:n])
+		c.xorCrypt(dst[off:off+n], src[off:off+n], tw[:k], encrypt)
 	}
 }
 
-// crypt encrypts or decrypts one AES block in place with the data key.
-func (c *Cipher) crypt(b []byte, encrypt bool) {
-	if encrypt {
-		c.k1.Encrypt(b, b)
-	} else {
-		c.k1.Decrypt(b, b)
+// xorCryptGeneric is xorCrypt with crypto/aes's k1: the tweaks as bytes,
+// crypto/subtle's vector XOR around one AES call per block. XORing each
+// block in 8-byte halves next to its AES call instead is much slower:
+// among other things, the AES call's 16-byte load of the two 8-byte stores
+// just made cannot be forwarded from them and waits.
+func (c *Cipher) xorCryptGeneric(dst, src []byte, tw [][2]uint64, encrypt bool) {
+	le := binary.LittleEndian
+	var buf [tweakChunk * aesBlock]byte
+	twb := buf[:len(tw)*aesBlock]
+	for i, t := range tw {
+		le.PutUint64(twb[i*aesBlock:], t[0])
+		le.PutUint64(twb[i*aesBlock+8:], t[1])
 	}
+	subtle.XORBytes(dst, src, twb)
+	for i := 0; i < len(dst); i += aesBlock {
+		b := dst[i : i+aesBlock]
+		if encrypt {
+			c.k1.Encrypt(b, b)
+		} else {
+			c.k1.Decrypt(b, b)
+		}
+	}
+	subtle.XORBytes(dst, dst, twb)
 }
 
 // mulAlpha is T·α in GF(2^128) modulo x^128 + x^7 + x^2 + x + 1, T given
 // as its low and high halves: shift left by one, fold the carry back.
+// The carry becomes a mask by an arithmetic shift, without a branch.
 func mulAlpha(t0, t1 uint64) (uint64, uint64) {
-	carry := t1 >> 63
-	return t0<<1 ^ carry*0x87, t1<<1 | t0>>63
+	return t0<<1 ^ uint64(int64(t1)>>63)&0x87, t1<<1 | t0>>63
 }
 
 // inexactOverlap reports whether x and y share memory other than at the

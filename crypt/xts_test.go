@@ -107,23 +107,56 @@ func TestKnownAnswersIEEE1619(t *testing.T) {
 	}
 }
 
-// checkAgainstReference encrypts data as consecutive blocks from tweak and
-// compares every block with x/crypto/xts under tweak+i, then decrypts.
+// genericCipher is the Cipher of key with crypto/aes for the data key,
+// the path NewCipher takes without AES-NI kernels, so that tests check it
+// on every machine.
+func genericCipher(t testing.TB, key []byte, blockSize int) *Cipher {
+	t.Helper()
+	k1, err := aes.NewCipher(key[:DataKeySize/2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, err := aes.NewCipher(key[DataKeySize/2:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Cipher{k1: k1, k2: k2, blockSize: blockSize}
+}
+
+// checkAgainstReference encrypts data as consecutive blocks from tweak,
+// with NewCipher's Cipher and with genericCipher, apart and in place, and
+// compares every block with x/crypto/xts under tweak+i, then decrypts
+// both ways.
 func checkAgainstReference(t *testing.T, key, data []byte, blockSize int, tweak uint64) {
 	t.Helper()
 	c, ref := ciphers(t, key, blockSize)
-	got := make([]byte, len(data))
-	c.EncryptBlocks(got, data, tweak)
 	want := make([]byte, len(data))
 	for i := 0; i*blockSize < len(data); i++ {
 		ref.Encrypt(want[i*blockSize:(i+1)*blockSize], data[i*blockSize:(i+1)*blockSize], tweak+uint64(i))
 	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("block size %d tweak %#x: ciphertext differs from x/crypto/xts", blockSize, tweak)
-	}
-	c.DecryptBlocks(got, got, tweak)
-	if !bytes.Equal(got, data) {
-		t.Fatalf("block size %d tweak %#x: round trip differs", blockSize, tweak)
+	for _, p := range []struct {
+		name string
+		c    *Cipher
+	}{{"NewCipher", c}, {"generic", genericCipher(t, key, blockSize)}} {
+		got := make([]byte, len(data))
+		p.c.EncryptBlocks(got, data, tweak)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: block size %d tweak %#x: ciphertext differs from x/crypto/xts", p.name, blockSize, tweak)
+		}
+		back := make([]byte, len(data))
+		p.c.DecryptBlocks(back, got, tweak)
+		if !bytes.Equal(back, data) {
+			t.Fatalf("%s: block size %d tweak %#x: round trip differs", p.name, blockSize, tweak)
+		}
+		copy(got, data)
+		p.c.EncryptBlocks(got, got, tweak)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: block size %d tweak %#x: ciphertext in place differs from x/crypto/xts", p.name, blockSize, tweak)
+		}
+		p.c.DecryptBlocks(got, got, tweak)
+		if !bytes.Equal(got, data) {
+			t.Fatalf("%s: block size %d tweak %#x: round trip in place differs", p.name, blockSize, tweak)
+		}
 	}
 }
 
@@ -132,8 +165,10 @@ func TestConsecutiveBlocksMatchReference(t *testing.T) {
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 0))
 	key := make([]byte, DataKeySize)
-	for _, bs := range []int{16, 512, 4096, 65536, 1 << 20} {
-		for _, tweak := range []uint64{0, 1, 0xffffffff, 1<<63 - 1, ^uint64(0) - 3, r.Uint64() >> 1} {
+	// Sizes of 1 to 9 AES blocks and across a batch of tweaks (tweakChunk)
+	// exercise the kernels' groups of eight and their single-block tails.
+	for _, bs := range []int{16, 32, 48, 112, 128, 144, 512, 1040, 4096, 4112, 65536, 1 << 20} {
+		for _, tweak := range []uint64{0, 1, 0xffffffff, 1<<63 - 1, ^uint64(0) - 3, ^uint64(0), r.Uint64() >> 1, r.Uint64()} {
 			for i := range key {
 				key[i] = byte(r.Uint32())
 			}
