@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"golang.org/x/sys/cpu"
 )
 
@@ -33,8 +34,7 @@ func TestKeyScheduleMatchesCryptoAES(t *testing.T) {
 	if !cpu.X86.HasAES {
 		t.Skip("no AES-NI: the kernels cannot run; the generic path is tested instead")
 	}
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := testutil.Seed(t)
 	r := rand.New(rand.NewPCG(seed, 0))
 	for round := 0; round < 50; round++ {
 		key := make([]byte, 32)

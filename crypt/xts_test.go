@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"golang.org/x/crypto/xts"
 )
 
@@ -161,8 +162,7 @@ func checkAgainstReference(t *testing.T, key, data []byte, blockSize int, tweak 
 }
 
 func TestConsecutiveBlocksMatchReference(t *testing.T) {
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := testutil.Seed(t)
 	r := rand.New(rand.NewPCG(seed, 0))
 	key := make([]byte, DataKeySize)
 	// Sizes of 1 to 9 AES blocks and across a batch of tweaks (tweakChunk)

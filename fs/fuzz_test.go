@@ -15,6 +15,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/fs/fuseuring"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // FuzzMountOps runs programs of file operations, decoded from the input,
@@ -49,8 +50,7 @@ func TestMountOpsRandom(t *testing.T) {
 	if testing.Short() {
 		n = 12
 	}
-	seed := testSeed()
-	t.Logf("seed %d (VDISK_SEED=%d reruns it)", seed, seed)
+	seed := testutil.Seed(t)
 	mounts := newFuzzMounts(t)
 	r := rand.New(rand.NewPCG(seed, 11))
 	for i := range n * len(mounts.tcs) {

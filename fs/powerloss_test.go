@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // Simulated power loss under a mount: the store lives on a backend.Crash,
@@ -80,16 +80,6 @@ func quietLogger() logrus.FieldLogger {
 	return l
 }
 
-// testSeed returns $VDISK_SEED, or a random seed.
-func testSeed() uint64 {
-	if v := os.Getenv("VDISK_SEED"); v != "" {
-		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
-			return n
-		}
-	}
-	return rand.Uint64()
-}
-
 // It runs on both FUSE transports: over io_uring the aligned reads and
 // writes take the queue-thread (owner) path, through the Crash backend's
 // submission seam (Do), as a root mount's would on a file.
@@ -102,10 +92,8 @@ func TestPowerLossUnderMount(t *testing.T) {
 		total := 0
 		var owner uint64
 		for r := range runs {
-			seed := testSeed()
 			t.Run(fmt.Sprintf("run%d", r), func(t *testing.T) {
-				t.Logf("seed %d (VDISK_SEED=%d reruns it)", seed, seed)
-				n, o := runPowerLoss(t, tr, seed, ops, limit)
+				n, o := runPowerLoss(t, tr, testutil.Seed(t), ops, limit)
 				total, owner = total+n, owner+o
 			})
 		}

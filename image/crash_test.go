@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // The crash test runs a random workload with syncs on the crashable
@@ -71,27 +70,14 @@ func TestCrashConsistency(t *testing.T) {
 	}
 	total := 0
 	for r := 0; r < runs; r++ {
-		seed := testSeed()
 		t.Run(fmt.Sprintf("run%d", r), func(t *testing.T) {
-			t.Logf("seed %d", seed)
-			total += runCrash(t, seed, steps)
+			total += runCrash(t, testutil.Seed(t), steps)
 		})
 	}
 	t.Logf("%d crash states checked", total)
 	if !testing.Short() && total < 1000 {
 		t.Errorf("only %d crash states checked, want at least 1000", total)
 	}
-}
-
-// testSeed returns the seed in $VDISK_SEED, or a random one.
-func testSeed() uint64 {
-	if v := os.Getenv("VDISK_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err == nil {
-			return n
-		}
-	}
-	return rand.Uint64()
 }
 
 func runCrash(t *testing.T, seed uint64, steps int) int {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // FuzzDiskOps runs a sequence of Disk API calls, decoded from the input,
@@ -36,8 +37,7 @@ func TestDiskOpsRandom(t *testing.T) {
 	if testing.Short() {
 		n = 60
 	}
-	seed := testSeed()
-	t.Logf("seed %d", seed)
+	seed := testutil.Seed(t)
 	r := rand.New(rand.NewPCG(seed, 7))
 	for i := range n {
 		prog := make([]byte, 40+r.IntN(400))

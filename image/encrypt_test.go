@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/crypt"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // testSecret is a key file secret of 32 bytes of fill.
@@ -158,8 +159,7 @@ func TestEncryptedDiskRoundTrip(t *testing.T) {
 func TestLockedDiskSharing(t *testing.T) {
 	ms := newMemStore(t, 64<<20, FormatOptions{BlockSize: 4096})
 	s := ms.s
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := testutil.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	const size = 2 << 20
 	h := mustCreateEncrypted(t, s, "a.raw", size, 1)

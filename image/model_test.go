@@ -7,6 +7,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // model is the naive reference a store is compared against: each disk is a
@@ -80,8 +82,7 @@ func TestDiskAgainstModel(t *testing.T) {
 	}
 	for _, bs := range []int{4096, 16384} {
 		t.Run(fmt.Sprintf("bs=%d", bs), func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := testutil.Seed(t)
 			runModel(t, seed, ops, bs)
 		})
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/vdiskfs/vdiskfs/door"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"github.com/vdiskfs/vdiskfs/vhostuser/blk"
 	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
@@ -228,8 +229,7 @@ func TestReadWrite(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			tc := c.mk(t)
 			d := tc.dial(c.o)
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := testutil.Seed(t)
 			rng := rand.New(rand.NewPCG(seed, 1))
 			shapes := []struct{ n, seg int }{
 				{4096, 4096}, {1 << 20, 4096}, {1 << 20, 1 << 20}, {512, 512}, {1536, 512}, {64 << 10, 8192}, {12288, 4096},

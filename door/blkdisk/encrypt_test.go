@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/vdiskfs/vdiskfs/crypt"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
@@ -27,8 +28,7 @@ func TestEncryptedDiskThroughVhostUser(t *testing.T) {
 		}
 		tc := newCaseWith(t, s, key)
 		d := tc.dial(frontend.Options{})
-		seed := rand.Uint64()
-		t.Logf("seed %d", seed)
+		seed := testutil.Seed(t)
 		rng := rand.New(rand.NewPCG(seed, 1))
 		for i, n := range []int{4096, 1 << 20, 1536, 64 << 10} {
 			q := d.Queues()[i%2]

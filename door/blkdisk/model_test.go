@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 )
@@ -17,17 +16,10 @@ import (
 // flushes of random sizes and alignments on both queues at once (each
 // queue on its own half of the disk, with several requests in flight),
 // against a model of the disk's bytes: every read must match it, and at
-// the end the disk must hold it. The seed is logged; VHOST_MODEL_SEED
-// replays one.
+// the end the disk must hold it. The seed is logged; VDISK_SEED replays
+// one.
 func TestModel(t *testing.T) {
-	seed := rand.Uint64()
-	if s := os.Getenv("VHOST_MODEL_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Logf("seed %d (VHOST_MODEL_SEED=%d replays it)", seed, seed)
+	seed := testutil.Seed(t)
 	tc := newFileCase(t, varTmp(t))
 	d := tc.dial(frontend.Options{MaxSegments: 64})
 	model := make([]byte, diskSize)

@@ -6,9 +6,11 @@ package testutil
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 )
@@ -116,4 +118,21 @@ func SharedTempDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// Seed is the seed of a randomised test: $VDISK_SEED when set (to replay
+// a failure from its log), else a random one. It logs the seed with the
+// command-line setting that replays it.
+func Seed(t testing.TB) uint64 {
+	t.Helper()
+	seed := rand.Uint64()
+	if v := os.Getenv("VDISK_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("VDISK_SEED=%q: %v", v, err)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (VDISK_SEED=%d replays it)", seed, seed)
+	return seed
 }

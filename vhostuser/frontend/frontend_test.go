@@ -135,8 +135,7 @@ func TestQSDReadWrite(t *testing.T) {
 	for _, indirect := range []bool{true, false} {
 		t.Run(fmt.Sprintf("indirect=%v", indirect), func(t *testing.T) {
 			d, srv := dialQSD(t, 2, Options{NoIndirect: !indirect})
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
+			seed := testutil.Seed(t)
 			rng := rand.New(rand.NewPCG(seed, 0))
 			model := make([]byte, imageSize)
 			tag := uint64(0)
@@ -383,8 +382,7 @@ func TestAllocator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.close()
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := testutil.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var live []Buffer
 	for i := 0; i < 2000; i++ {
