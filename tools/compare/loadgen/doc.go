@@ -16,5 +16,8 @@
 // An Engine opens a Queue: depth slots, each with a bs-byte buffer the
 // device reads or writes; Submit queues slot i's request, Flush submits
 // and, when asked, waits until at least one completes; Reap reports the
-// completions. A Queue belongs to one goroutine.
+// completions. A Queue belongs to one goroutine. Run hands each request
+// to the device as soon as it is made (Submit, then Flush without
+// waiting), as fio does by default (iodepth_batch_submit=1), and waits
+// only when nothing has completed.
 package loadgen

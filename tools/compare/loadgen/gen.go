@@ -157,12 +157,18 @@ func Run(ctx context.Context, e Engine, s Shape, size int64) (Result, error) {
 			}
 			submitted[slot] = time.Now()
 			inFlight++
+			// Each request goes to the device as soon as it is made, as
+			// fio's default iodepth_batch_submit=1 does: held back to be
+			// submitted with the next wait, a request's measured latency
+			// included the reaping of the others.
+			if err := q.Flush(false); err != nil {
+				return res, err
+			}
 		}
 		if inFlight == 0 {
 			break
 		}
-		// Reap what is ready first; submit the new requests and wait only
-		// when nothing is (one system call for both).
+		// Reap what is ready first; wait only when nothing is.
 		n, err := q.Reap(onDone)
 		if err != nil {
 			return res, err

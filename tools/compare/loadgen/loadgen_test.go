@@ -62,12 +62,14 @@ func TestParseShapeRefuses(t *testing.T) {
 	}
 }
 
-// memEngine completes every request at its Flush, recording offsets and
-// the most in flight.
+// memEngine completes every request at the next Flush that waits,
+// recording offsets, the most in flight, and requests submitted while an
+// earlier one was not yet handed to the device.
 type memEngine struct {
 	offs        []int64
 	writes      int
 	maxInFlight int
+	heldBack    int
 }
 
 type memQueue struct {
@@ -75,6 +77,7 @@ type memQueue struct {
 	bufs            [][]byte
 	pending, done   []int
 	inFlight, depth int
+	unflushed       int
 }
 
 func (e *memEngine) Open(depth, bs int) (Queue, error) {
@@ -88,6 +91,10 @@ func (e *memEngine) Open(depth, bs int) (Queue, error) {
 func (q *memQueue) Buffer(slot int) []byte { return q.bufs[slot] }
 
 func (q *memQueue) Submit(slot int, write bool, off int64) error {
+	if q.unflushed > 0 {
+		q.e.heldBack++
+	}
+	q.unflushed++
 	q.pending = append(q.pending, slot)
 	q.inFlight++
 	q.e.maxInFlight = max(q.e.maxInFlight, q.inFlight)
@@ -99,8 +106,11 @@ func (q *memQueue) Submit(slot int, write bool, off int64) error {
 }
 
 func (q *memQueue) Flush(wait bool) error {
-	q.done = append(q.done, q.pending...)
-	q.pending = q.pending[:0]
+	q.unflushed = 0
+	if wait {
+		q.done = append(q.done, q.pending...)
+		q.pending = q.pending[:0]
+	}
 	return nil
 }
 
@@ -129,6 +139,9 @@ func TestRunOnePass(t *testing.T) {
 		}
 		if e.maxInFlight != 8 {
 			t.Errorf("random=%v: at most %d in flight, want 8", random, e.maxInFlight)
+		}
+		if e.heldBack != 0 {
+			t.Errorf("random=%v: %d requests submitted while an earlier one was held back", random, e.heldBack)
 		}
 		sorted := slices.Sorted(slices.Values(e.offs))
 		for i, off := range sorted {
