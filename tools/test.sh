@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # Every stage has a bound (apt-get, the go test -timeout of each package,
 # the RBD stage), so that a hang fails the run with a stack trace, well
 # inside CI's own limit, instead of being cut off with nothing to read.
-# A clean run takes 11-18 minutes on 2 CPUs.
+# A clean run takes 10-22 minutes on 2 CPUs, depending on what else runs.
 
 log() { printf '\n== %s\n' "$*"; }
 
