@@ -3,13 +3,12 @@ package vhostuser
 import (
 	"encoding/binary"
 	"io"
-	"net"
-	"os"
 	"testing"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 	"github.com/vdiskfs/vdiskfs/vhostuser/virtq"
 )
@@ -64,24 +63,6 @@ func quiet() logrus.FieldLogger {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	return l
-}
-
-// socketPair returns the two ends of a Unix stream socket pair.
-func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
 }
 
 // fdFor returns the descriptor a fuzzed message of request r carries:
@@ -143,7 +124,7 @@ func TestSessionSeed(t *testing.T) {
 func runSession(t *testing.T, data []byte) *fakeDevice {
 	dev := &fakeDevice{running: map[int]bool{}}
 	l := &Listener{dev: dev, log: quiet()}
-	a, b := socketPair(t)
+	a, b := testutil.SocketPair(t)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -7,12 +7,15 @@ package testutil
 import (
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Missing is the one rule for a test whose prerequisite (FUSE, a tool, a
@@ -135,4 +138,25 @@ func Seed(t testing.TB) uint64 {
 	}
 	t.Logf("seed %d (VDISK_SEED=%d replays it)", seed, seed)
 	return seed
+}
+
+// SocketPair returns the two ends of a Unix stream socket pair, closed at
+// the end of the test.
+func SocketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1])
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"testing"
+
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // FuzzReadMessage feeds arbitrary bytes to ReadMessage and reads messages
@@ -17,7 +19,7 @@ func FuzzReadMessage(f *testing.F) {
 	f.Add(header(1, Version, 0xffffffff))
 	f.Add([]byte{1, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		a, b := socketPair(t)
+		a, b := testutil.SocketPair(t)
 		go func() {
 			a.Write(data)
 			a.CloseWrite()

@@ -9,28 +9,9 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 	"golang.org/x/sys/unix"
 )
-
-// socketPair returns two connected Unix stream sockets, closed at cleanup.
-func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
-}
 
 // openFDs counts this process's open descriptors.
 func openFDs(t testing.TB) int {
@@ -226,7 +207,7 @@ func TestDecodeShort(t *testing.T) {
 }
 
 func TestMessageWithFDs(t *testing.T) {
-	a, b := socketPair(t)
+	a, b := testutil.SocketPair(t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -319,7 +300,7 @@ func TestReadMalformed(t *testing.T) {
 		{name: "bad version with fds", bytes: header(5, 0, 0), fds: nine[:3], want: ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, b := socketPair(t)
+			a, b := testutil.SocketPair(t)
 			before := openFDs(t)
 			rawSend(t, a, tc.bytes, tc.fds)
 			a.CloseWrite()
@@ -335,7 +316,7 @@ func TestReadMalformed(t *testing.T) {
 }
 
 func TestWriteRefuses(t *testing.T) {
-	a, _ := socketPair(t)
+	a, _ := testutil.SocketPair(t)
 	if err := WriteMessage(a, Message{Request: 1, Payload: make([]byte, MaxPayload+1)}); !errors.Is(err, ErrMalformed) {
 		t.Errorf("payload over bound: %v", err)
 	}
