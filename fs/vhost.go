@@ -19,14 +19,16 @@ import (
 //
 // Any disk of the mount may be served as a vhost-user-blk device on a
 // socket (Server.ServeVhostUser, `vdisk vhost-user MNT/NAME SOCKET`) until
-// Server.StopVhostUser. With Options.VhostUserDir every disk is served as
+// Server.StopVhostUser, on one socket at a time (a second socket for a
+// served disk is refused). With Options.VhostUserDir every disk is served as
 // DIR/NAME.sock ("auto" servers): the disks there at mount time, and each
 // disk made later through the mount or its daemon (create, mknod,
 // snapshot, clone, receive). A rename moves an auto server: the server on
 // the old socket is closed and one on the new socket started, so a
 // frontend connected on the old path loses the device. A disk's servers,
 // auto or not, are closed before it is removed, and all of them when
-// serving ends, before the store can close.
+// serving ends, before the store can close. A locked encrypted disk is
+// not served; an unlock through the mount (Server.Unlock) serves it.
 //
 // A server holds its own handle of the disk (image.Disk), as an open of
 // the disk's file does: the disk is the same disk through both doors, and
