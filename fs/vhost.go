@@ -239,7 +239,9 @@ func (s *vhostSet) serveAll() error {
 		return fmt.Errorf("vhost-user directory %s: not a directory (%v)", s.dir, err)
 	}
 	for _, info := range s.store.List() {
-		s.created(info.Name)
+		if !info.Locked { // served once unlocked (unlocked)
+			s.created(info.Name)
+		}
 	}
 	return nil
 }

@@ -576,13 +576,14 @@ func (s *Store) writeEncryptedZeros(c *crypt.Cipher, sg blockmap.Segment) error 
 	defer s.pool.Put(buf)
 	sc := getScratch()
 	defer putScratch(sc)
+	shard := s.stats.shard(sc)
 	per := uint64(maxRunBytes) / s.bs
 	for done := uint64(0); done < sg.Len; done += per {
 		n := min(per, sg.Len-done)
 		b := buf[:n*s.bs]
 		clear(b)
 		c.EncryptBlocks(b, b, sg.Tweak+done)
-		if err := s.writeData(s.stats.shard(sc), b, sg.Phys+done, false); err != nil {
+		if err := s.writeData(shard, b, sg.Phys+done, false); err != nil {
 			return err
 		}
 	}

@@ -302,8 +302,7 @@ mounted.`,
 			})
 		},
 	}
-	addCmd.Flags().StringVar(&have.keyFile, "key-file", "", "a key file that opens the disk")
-	addCmd.Flags().StringVar(&have.passphraseFile, "passphrase-file", "", "a passphrase that opens the disk (first line of the file; - for standard input)")
+	have.add(addCmd, "a key that opens the disk", true)
 	addCmd.Flags().StringVar(&add.keyFile, "new-key-file", "", "the key file to add")
 	addCmd.Flags().StringVar(&add.passphraseFile, "new-passphrase-file", "", "the passphrase to add (first line of the file), for a store that is not mounted")
 

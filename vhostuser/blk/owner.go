@@ -215,9 +215,11 @@ func (o *owner) serve(rg *iouring.Ring) {
 		o.mu.sleeping = sleep
 		o.mu.Unlock()
 		o.enter(rg, sleep)
-		o.mu.Lock()
-		o.mu.sleeping = false
-		o.mu.Unlock()
+		if sleep {
+			o.mu.Lock()
+			o.mu.sleeping = false
+			o.mu.Unlock()
+		}
 		rg.Reap(func(c iouring.CQE) {
 			switch c.UserData {
 			case kickTag:

@@ -96,8 +96,8 @@ func NewRing(mem *Memory, a Addrs, o Options) (*Ring, error) {
 	r := &Ring{mem: mem, size: a.Size, o: o, lastAvail: a.LastAvail}
 	var ok1, ok2, ok3 bool
 	r.desc, ok1 = tr(a.Desc, proto.DescSize*n)
-	r.avail, ok2 = tr(a.Avail, 6+2*n) // flags, idx, ring[n], used_event
-	r.used, ok3 = tr(a.Used, 6+8*n)   // flags, idx, ring[n]{id, len}, avail_event
+	r.avail, ok2 = tr(a.Avail, uint64(proto.AvailRingSize(int(a.Size))))
+	r.used, ok3 = tr(a.Used, uint64(proto.UsedRingSize(int(a.Size))))
 	if !ok1 || !ok2 || !ok3 {
 		return nil, fmt.Errorf("ring of %d at desc %#x avail %#x used %#x outside the memory table: %w",
 			n, a.Desc, a.Avail, a.Used, ErrBadRing)
@@ -124,17 +124,6 @@ func (r *Ring) Size() uint16 { return r.size }
 // LastAvail is the next available entry the device will take: what
 // VHOST_USER_GET_VRING_BASE returns.
 func (r *Ring) LastAvail() uint16 { return r.lastAvail }
-
-// Pending is how many entries the driver has made available and the
-// device not yet taken (resubmissions included); an error if the driver's
-// index moved by more than the ring's size.
-func (r *Ring) Pending() (int, error) {
-	n := load16(r.avail[2:]) - r.lastAvail
-	if n > r.size {
-		return 0, fmt.Errorf("avail index %d, %d taken, ring of %d: %w", n+r.lastAvail, r.lastAvail, r.size, ErrBadRing)
-	}
-	return int(n) + len(r.resubmit), nil
-}
 
 // Pop takes the next chain: first one to resubmit (Inflight), else the
 // next available. False when there is none. An error wrapping ErrBadRing
@@ -303,7 +292,7 @@ func (r *Ring) NeedSignal() bool {
 	if !valid {
 		return true
 	}
-	return proto.NeedEvent(load16(r.avail[4+2*uint64(r.size):]), r.usedIdx, old)
+	return proto.NeedEvent(load16(r.avail[proto.UsedEventOff(int(r.size)):]), r.usedIdx, old)
 }
 
 // EnableNotify asks the driver to kick for the next entry it makes
@@ -311,7 +300,7 @@ func (r *Ring) NeedSignal() bool {
 // became available meanwhile, in which case the device must not sleep.
 func (r *Ring) EnableNotify() bool {
 	if r.o.EventIdx {
-		store16(r.used[4+8*uint64(r.size):], r.lastAvail)
+		store16(r.used[proto.AvailEventOff(int(r.size)):], r.lastAvail)
 	} else if r.usedFlags&proto.UsedFNoNotify != 0 {
 		r.usedFlags &^= proto.UsedFNoNotify
 		store16(r.used, r.usedFlags)
