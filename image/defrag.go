@@ -274,9 +274,10 @@ func (d *disk) defragChunk(first, count uint64, t *defragTarget, copied func(blo
 // end to end in virtual order, to the blocks of dst, as many, in order. It
 // goes through one pooled buffer of maxRunBytes: each read is a read plan
 // of the store's own over one segment's part in the buffer (issued
-// concurrently: readPartsLockedRange), so one backend read per physically
-// contiguous run; each write is the part of one destination extent, so
-// both are as large as the layouts allow, and aligned like every data I/O.
+// concurrently: readPartsLockedRange), so one backend read per data
+// segment's part (two segments adjacent on the backing across a hole are
+// two reads); each write is the part of one destination extent; both are
+// aligned like every data I/O.
 // copied is told the blocks written after each buffer. The writes count
 // for the next commit's flush. Caller holds an exclusive range lock over
 // src.
