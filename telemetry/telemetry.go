@@ -283,23 +283,28 @@ func withControl(h http.Handler, ctl Controller) http.Handler {
 	return mux
 }
 
+// statusSentinels pairs each sentinel a request may fail with and the HTTP
+// status that carries it: statusOf maps the first way, errorOf back. The
+// first sentinel that matches wins.
+var statusSentinels = []struct {
+	err    error
+	status int
+}{
+	{image.ErrNotExist, http.StatusNotFound},
+	{image.ErrExist, http.StatusConflict},
+	{image.ErrInvalidName, http.StatusBadRequest},
+	{fs.ErrPermission, http.StatusForbidden},
+	{image.ErrWrongKey, http.StatusUnauthorized},
+	{image.ErrLocked, http.StatusLocked},
+	{image.ErrBusy, http.StatusPreconditionFailed},
+}
+
 // statusOf is the HTTP status of a failed request; errorOf undoes it.
 func statusOf(err error) int {
-	switch {
-	case errors.Is(err, image.ErrNotExist):
-		return http.StatusNotFound
-	case errors.Is(err, image.ErrExist):
-		return http.StatusConflict
-	case errors.Is(err, image.ErrInvalidName):
-		return http.StatusBadRequest
-	case errors.Is(err, fs.ErrPermission):
-		return http.StatusForbidden
-	case errors.Is(err, image.ErrWrongKey):
-		return http.StatusUnauthorized
-	case errors.Is(err, image.ErrLocked):
-		return http.StatusLocked
-	case errors.Is(err, image.ErrBusy):
-		return http.StatusPreconditionFailed
+	for _, s := range statusSentinels {
+		if errors.Is(err, s.err) {
+			return s.status
+		}
 	}
 	return http.StatusInternalServerError
 }
@@ -318,21 +323,11 @@ func (e *remoteError) Unwrap() error { return e.is }
 func errorOf(resp *http.Response) error {
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	e := &remoteError{msg: strings.TrimSpace(string(msg))}
-	switch resp.StatusCode {
-	case http.StatusNotFound:
-		e.is = image.ErrNotExist
-	case http.StatusConflict:
-		e.is = image.ErrExist
-	case http.StatusBadRequest:
-		e.is = image.ErrInvalidName
-	case http.StatusForbidden:
-		e.is = fs.ErrPermission
-	case http.StatusUnauthorized:
-		e.is = image.ErrWrongKey
-	case http.StatusLocked:
-		e.is = image.ErrLocked
-	case http.StatusPreconditionFailed:
-		e.is = image.ErrBusy
+	for _, s := range statusSentinels {
+		if resp.StatusCode == s.status {
+			e.is = s.err
+			break
+		}
 	}
 	if e.msg == "" {
 		e.msg = resp.Status
