@@ -20,8 +20,6 @@ package telemetry
 //	GET  /keys?disk=NAME                           the disk's key slots (no key needed)
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -254,50 +252,8 @@ func handleKeys(mux *http.ServeMux, ctl Controller) {
 // keyRequest sends a request to the socket of the mount at mountpoint with
 // the descriptors of files passed alongside (SCM_RIGHTS), and decodes its
 // JSON answer into reply.
-func keyRequest(mountpoint, method, path string, query url.Values, reply any, files ...*os.File) error {
-	_, abs, sock, err := client(mountpoint, 0)
-	if err != nil {
-		return err
-	}
-	var d net.Dialer
-	c, err := d.DialContext(context.Background(), "unix", sock)
-	if err != nil {
-		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
-	}
-	defer c.Close()
-	uc := c.(*net.UnixConn)
-	req, err := http.NewRequest(method, "http://vdiskfs"+path+"?"+query.Encode(), nil)
-	if err != nil {
-		return err
-	}
-	req.Close = true
-	var b bytes.Buffer
-	if err := req.Write(&b); err != nil {
-		return err
-	}
-	var oob []byte
-	if len(files) > 0 {
-		fds := make([]int, len(files))
-		for i, f := range files {
-			fds[i] = int(f.Fd())
-		}
-		oob = unix.UnixRights(fds...)
-	}
-	if _, _, err := uc.WriteMsgUnix(b.Bytes(), oob, nil); err != nil {
-		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(uc), req)
-	if err != nil {
-		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return errorOf(resp)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(reply); err != nil {
-		return fmt.Errorf("reply of %s: %w", abs, err)
-	}
-	return nil
+func keyRequest(mountpoint, method, what string, query url.Values, reply any, files ...*os.File) error {
+	return doJSON(mountpoint, method, what+"?"+query.Encode(), nil, http.StatusOK, 0, reply, files...)
 }
 
 // Unlock gives the mount at mountpoint the key of its disk called disk,
@@ -305,7 +261,7 @@ func keyRequest(mountpoint, method, path string, query url.Values, reply any, fi
 // many disks it unlocked (every one with that key).
 func Unlock(mountpoint, disk string, key *os.File) (int, error) {
 	var rep UnlockReply
-	err := keyRequest(mountpoint, http.MethodPost, "/unlock", url.Values{"disk": {disk}}, &rep, key)
+	err := keyRequest(mountpoint, http.MethodPost, "unlock", url.Values{"disk": {disk}}, &rep, key)
 	return rep.Disks, err
 }
 
@@ -314,7 +270,7 @@ func Unlock(mountpoint, disk string, key *os.File) (int, error) {
 // disks it locked.
 func Lock(mountpoint, disk string) (int, error) {
 	var rep UnlockReply
-	err := keyRequest(mountpoint, http.MethodPost, "/lock", url.Values{"disk": {disk}}, &rep)
+	err := keyRequest(mountpoint, http.MethodPost, "lock", url.Values{"disk": {disk}}, &rep)
 	return rep.Disks, err
 }
 
@@ -324,7 +280,7 @@ func Lock(mountpoint, disk string) (int, error) {
 func CreateEncrypted(mountpoint, name string, size int64, mode uint32, key *os.File) (image.DiskInfo, error) {
 	var rep image.DiskInfo
 	q := url.Values{"name": {name}, "size": {strconv.FormatInt(size, 10)}, "mode": {strconv.FormatUint(uint64(mode), 8)}}
-	err := keyRequest(mountpoint, http.MethodPost, "/create-encrypted", q, &rep, key)
+	err := keyRequest(mountpoint, http.MethodPost, "create-encrypted", q, &rep, key)
 	return rep, err
 }
 
@@ -332,7 +288,7 @@ func CreateEncrypted(mountpoint, name string, size int64, mode uint32, key *os.F
 // mount at mountpoint called disk; have is a key file that opens it.
 func AddKey(mountpoint, disk string, have, add *os.File) (uint32, error) {
 	var rep KeySlotReply
-	err := keyRequest(mountpoint, http.MethodPost, "/keys/add", url.Values{"disk": {disk}}, &rep, have, add)
+	err := keyRequest(mountpoint, http.MethodPost, "keys/add", url.Values{"disk": {disk}}, &rep, have, add)
 	return rep.Slot, err
 }
 
@@ -341,14 +297,14 @@ func AddKey(mountpoint, disk string, have, add *os.File) (uint32, error) {
 func RemoveKey(mountpoint, disk string, have *os.File, slot uint32) error {
 	var rep KeySlotReply
 	q := url.Values{"disk": {disk}, "slot": {strconv.FormatUint(uint64(slot), 10)}}
-	return keyRequest(mountpoint, http.MethodPost, "/keys/remove", q, &rep, have)
+	return keyRequest(mountpoint, http.MethodPost, "keys/remove", q, &rep, have)
 }
 
 // KeySlots lists the key slots of the disk of the mount at mountpoint
 // called disk.
 func KeySlots(mountpoint, disk string) ([]image.KeySlot, error) {
 	var rep []image.KeySlot
-	err := keyRequest(mountpoint, http.MethodGet, "/keys", url.Values{"disk": {disk}}, &rep)
+	err := keyRequest(mountpoint, http.MethodGet, "keys", url.Values{"disk": {disk}}, &rep)
 	return rep, err
 }
 

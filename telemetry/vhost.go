@@ -30,6 +30,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -210,11 +211,15 @@ func VhostUsers(mountpoint string) ([]VhostUser, error) {
 
 // doJSON makes the request method /what of the mount's socket with body,
 // expects status, and decodes the answer into v unless v is nil, waiting
-// at most timeout (0: as long as the daemon takes).
-func doJSON(mountpoint, method, what string, body []byte, status int, timeout time.Duration, v any) error {
+// at most timeout (0: as long as the daemon takes). The descriptors of
+// files, if any, pass with the request (SCM_RIGHTS).
+func doJSON(mountpoint, method, what string, body []byte, status int, timeout time.Duration, v any, files ...*os.File) error {
 	c, abs, sock, err := client(mountpoint, timeout)
 	if err != nil {
 		return err
+	}
+	if len(files) > 0 {
+		c = withRights(c, sock, files...)
 	}
 	var rd io.Reader
 	if body != nil {
