@@ -16,7 +16,6 @@ package transfer
 // to have the same key (their slot tables' check values).
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 
@@ -77,32 +76,23 @@ func rawDigest(d *image.Disk, bs int64) ([32]byte, error) {
 	size := d.Size()
 	end := (size + bs - 1) / bs * bs
 	piece := (int64(digestPiece) + bs - 1) / bs * bs
-	spans := digestSpans(end, piece, bs)
-	hash := sha256.New()
 	le := binary.LittleEndian
-	hash.Write(le.AppendUint64(nil, uint64(size)))
-	buf := directio.AlignedBlock(int(max(digestPieces*piece, bs)))
 	var pieces []image.RawPiece
-	for _, sp := range spans {
-		if sp.n == 0 {
-			break
-		}
+	var meta []byte
+	return digest(size, end, piece, bs, func(b []byte, off int64) ([]byte, error) {
 		var err error
-		if pieces, err = d.ReadRaw(buf[:sp.n], sp.off, pieces[:0]); err != nil {
-			return [32]byte{}, fmt.Errorf("raw digest: %w", err)
+		if pieces, err = d.ReadRaw(b, off, pieces[:0]); err != nil {
+			return nil, fmt.Errorf("raw digest: %w", err)
 		}
-		hash.Write(le.AppendUint64(nil, uint64(sp.off)))
+		meta = meta[:0]
 		for _, p := range pieces {
-			b := le.AppendUint64(nil, uint64(p.Off))
-			b = le.AppendUint64(b, uint64(p.Len))
-			b = append(b, boolByte(p.Hole))
-			hash.Write(le.AppendUint64(b, p.Tweak))
+			meta = le.AppendUint64(meta, uint64(p.Off))
+			meta = le.AppendUint64(meta, uint64(p.Len))
+			meta = append(meta, boolByte(p.Hole))
+			meta = le.AppendUint64(meta, p.Tweak)
 		}
-		hash.Write(buf[:sp.n])
-	}
-	var sum [32]byte
-	hash.Sum(sum[:0])
-	return sum, nil
+		return meta, nil
+	})
 }
 
 func boolByte(b bool) byte {

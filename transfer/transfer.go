@@ -247,20 +247,33 @@ func digestSpans(total, piece, align int64) []digestSpan {
 
 // baseDigest computes the base digest of d.
 func baseDigest(d *image.Disk) ([32]byte, error) {
-	size := d.Size()
-	pieces := digestSpans(size, digestPiece, 4096)
+	return digest(d.Size(), d.Size(), digestPiece, 4096, func(b []byte, off int64) ([]byte, error) {
+		if k, err := d.ReadAt(b, off); k != len(b) {
+			return nil, fmt.Errorf("base digest: read %d bytes at %d: %w", len(b), off, err)
+		}
+		return nil, nil
+	})
+}
+
+// digest is SHA-256 of size (u64, little-endian) followed, for each of
+// digestSpans(total, piece, align), by its offset (u64), then the bytes
+// read returns about it, then the bytes read put in b (the span).
+func digest(size, total, piece, align int64, read func(b []byte, off int64) ([]byte, error)) ([32]byte, error) {
+	le := binary.LittleEndian
 	hash := sha256.New()
-	hash.Write(binary.LittleEndian.AppendUint64(nil, uint64(size)))
-	buf := directio.AlignedBlock(digestPieces * digestPiece)
-	for _, p := range pieces {
-		if p.n == 0 {
+	hash.Write(le.AppendUint64(nil, uint64(size)))
+	buf := directio.AlignedBlock(int(max(digestPieces*piece, align)))
+	for _, sp := range digestSpans(total, piece, align) {
+		if sp.n == 0 {
 			break
 		}
-		b := buf[:p.n]
-		if k, err := d.ReadAt(b, p.off); int64(k) != p.n {
-			return [32]byte{}, fmt.Errorf("base digest: read %d bytes at %d: %w", p.n, p.off, err)
+		b := buf[:sp.n]
+		meta, err := read(b, sp.off)
+		if err != nil {
+			return [32]byte{}, err
 		}
-		hash.Write(binary.LittleEndian.AppendUint64(nil, uint64(p.off)))
+		hash.Write(le.AppendUint64(nil, uint64(sp.off)))
+		hash.Write(meta)
 		hash.Write(b)
 	}
 	var sum [32]byte
