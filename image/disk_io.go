@@ -148,7 +148,7 @@ func (d *disk) publishWriteLockedRange(sc *scratch, end int64) {
 		sc.unmapped = sc.unmapped[:0] // shared blocks this write gave new ones
 		for _, sg := range sc.out {
 			if isAllocated(sg, sc.allocs) {
-				e := d.extentOf(sg)
+				e := d.extentOf(sg, sg.Virt)
 				sc.freed = d.m.Insert(e, sc.freed[:0])
 				if len(sc.freed) != 0 && !sc.cowed {
 					panic(fmt.Sprintf("image: disk %d: write mapped over %v while holding its range lock", d.id, sc.freed))

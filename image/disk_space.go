@@ -8,7 +8,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
+	"github.com/vdiskfs/vdiskfs/crypt"
 )
 
 // rmwBlockLockedRange rewrites the mapped virtual block v with fn applied to
@@ -320,25 +322,46 @@ func (s *Store) zeroStaleTails() error {
 		if sg.Hole {
 			continue
 		}
-		if err := s.readData(c, buf, sg.Phys); err != nil {
-			return fmt.Errorf("disk %d: read its last block: %w", d.id, err)
-		}
-		tail := buf[size%bs:]
-		if allZero(tail) {
-			continue
-		}
 		fields := logrus.Fields{"disk_id": d.id, "disk": d.name, "size": size, "block": sg.Phys}
-		if s.mu.shared.Shared(sg.Phys, 1) {
-			s.log.WithFields(fields).Warn("bytes past the end of a disk are not zeros, in a shared block: left as they are")
-			continue
+		if err := s.zeroTail(c, buf, size, sg, s.mu.shared.Shared(sg.Phys, 1), nil, fields); err != nil {
+			return fmt.Errorf("disk %d: %w", d.id, err)
 		}
-		clear(tail)
-		if err := s.writeData(c, buf, sg.Phys, false); err != nil {
-			return fmt.Errorf("disk %d: zero past its end: %w", d.id, err)
-		}
-		s.writeGen.Add(1)
-		s.log.WithFields(fields).Info("zeroed bytes past the end of a disk, left by a growing write that a crash lost")
 	}
+	return nil
+}
+
+// zeroTail zeroes, in place, the bytes past size in the block of data
+// segment sg, a disk's last, where anything else is there: it reads the
+// block into buf (one block), decrypts it with ci unless ci is nil (a
+// plain disk), and when its tail is not zeros writes it back with the tail
+// zeroed (encrypted again under the segment's tweak), unless shared says
+// the block is shared, which it leaves alone with a warning. fields name
+// the disk in the log. The caller keeps the block from changing meanwhile
+// (it owns the store, or holds the block's range lock).
+func (s *Store) zeroTail(c *Shard, buf []byte, size uint64, sg blockmap.Segment, shared bool, ci *crypt.Cipher, fields logrus.Fields) error {
+	if err := s.readData(c, buf, sg.Phys); err != nil {
+		return fmt.Errorf("read its last block: %w", err)
+	}
+	if ci != nil {
+		ci.DecryptBlocks(buf, buf, sg.Tweak)
+	}
+	tail := buf[size%s.bs:]
+	if allZero(tail) {
+		return nil
+	}
+	if shared {
+		s.log.WithFields(fields).Warn("bytes past the end of a disk are not zeros, in a shared block: left as they are")
+		return nil
+	}
+	clear(tail)
+	if ci != nil {
+		ci.EncryptBlocks(buf, buf, sg.Tweak)
+	}
+	if err := s.writeData(c, buf, sg.Phys, false); err != nil {
+		return fmt.Errorf("zero past its end: %w", err)
+	}
+	s.writeGen.Add(1)
+	s.log.WithFields(fields).Info("zeroed bytes past the end of a disk, left by a growing write that a crash lost")
 	return nil
 }
 

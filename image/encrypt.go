@@ -8,6 +8,7 @@ import (
 	"math"
 	"sync/atomic"
 
+	"github.com/sirupsen/logrus"
 	"github.com/vdiskfs/vdiskfs/blockmap"
 	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/crypt"
@@ -76,15 +77,19 @@ func (d *disk) cryptRecordLockedMu() record {
 	return record{Type: recCrypt, ID: d.id, Tweak: d.enc.tweakBase, Slots: d.enc.slots}
 }
 
-// freshTweakBaseLockedMu gives d a new tweak base and returns its record.
-// Caller holds d.mu; d is encrypted.
-func (d *disk) freshTweakBaseLockedMu() (record, error) {
-	base, err := newTweakBase()
-	if err != nil {
-		return record{}, err
+// freshTweakBasesLockedMu gives each of ds a new tweak base and returns
+// recs with their records appended. Caller holds the d.mu of each; each is
+// encrypted.
+func freshTweakBasesLockedMu(recs []record, ds ...*disk) ([]record, error) {
+	for _, d := range ds {
+		base, err := newTweakBase()
+		if err != nil {
+			return recs, err
+		}
+		d.enc.tweakBase = base
+		recs = append(recs, d.cryptRecordLockedMu())
 	}
-	d.enc.tweakBase = base
-	return d.cryptRecordLockedMu(), nil
+	return recs, nil
 }
 
 // cipher returns the cipher of d's data (nil for a plain disk), or
@@ -118,17 +123,6 @@ func (d *disk) mapRecord(e blockmap.Extent) record {
 		return record{Type: recMapTweak, ID: d.id, Virt: e.Virt, Phys: e.Phys, Len: e.Len, Tweak: e.Tweak()}
 	}
 	return record{Type: recMap, ID: d.id, Virt: e.Virt, Phys: e.Phys, Len: e.Len}
-}
-
-// extentOf is the extent that maps segment sg (a data segment of a
-// lookup or of a write's new blocks) on d, carrying its tweak on an
-// encrypted disk.
-func (d *disk) extentOf(sg blockmap.Segment) blockmap.Extent {
-	e := blockmap.Extent{Virt: sg.Virt, Phys: sg.Phys, Len: sg.Len}
-	if d.enc != nil {
-		e.TweakOff = sg.Tweak - sg.Virt
-	}
-	return e
 }
 
 // tweakNew gives the segments of out carved from allocs (a write's new
@@ -336,9 +330,8 @@ func (s *Store) zeroEncryptedTails(check [16]byte, c *crypt.Cipher) {
 
 // zeroEncryptedTail zeroes, in place, the bytes past the end of d in its
 // last block, decrypted with c, where a crash left anything else there
-// (see zeroStaleTails): the block is read, decrypted, checked and, when
-// its tail is not zeros and it is not shared, zeroed, encrypted under its
-// tweak and written back, under an exclusive range lock of the block.
+// (zeroTail, as zeroStaleTails does for plain disks), under an exclusive
+// range lock of the block.
 func (d *disk) zeroEncryptedTail(c *crypt.Cipher) error {
 	s, bs := d.s, d.s.bs
 	d.mu.RLock()
@@ -361,27 +354,8 @@ func (d *disk) zeroEncryptedTail(c *crypt.Cipher) error {
 	defer s.pool.Put(buf)
 	sc := getScratch()
 	defer putScratch(sc)
-	sh := s.stats.shard(sc)
-	if err := s.readData(sh, buf, sg.Phys); err != nil {
-		return err
-	}
-	c.DecryptBlocks(buf, buf, sg.Tweak)
-	tail := buf[size%bs:]
-	if allZero(tail) {
-		return nil
-	}
-	if shared { // as zeroStaleTails: never written under another disk
-		s.log.WithField("disk_id", d.id).Warn("bytes past the end of an encrypted disk are not zeros, in a shared block: left as they are")
-		return nil
-	}
-	clear(tail)
-	c.EncryptBlocks(buf, buf, sg.Tweak)
-	if err := s.writeData(sh, buf, sg.Phys, false); err != nil {
-		return err
-	}
-	s.writeGen.Add(1)
-	s.log.WithField("disk_id", d.id).Info("zeroed bytes past the end of an encrypted disk, left by a growing write that a crash lost")
-	return nil
+	fields := logrus.Fields{"disk_id": d.id, "encrypted": true, "size": size, "block": sg.Phys}
+	return s.zeroTail(s.stats.shard(sc), buf, size, sg, shared, c, fields)
 }
 
 // Lock forgets the key of the encrypted disk called name: it and every
@@ -558,10 +532,10 @@ func (s *Store) replayCrypt(d *disk, r *record, bad func(string, ...any)) {
 	}
 }
 
-// sharedExtent is the extent that maps, at virtual block virt of d, the
-// blocks of data segment sg of another disk's lookup: on an encrypted disk
-// they keep their tweaks.
-func (d *disk) sharedExtent(sg blockmap.Segment, virt uint64) blockmap.Extent {
+// extentOf is the extent that maps, at virtual block virt of d, the
+// blocks of data segment sg (of a lookup, of d or of another disk, or of a
+// write's new blocks): on an encrypted disk they keep their tweaks.
+func (d *disk) extentOf(sg blockmap.Segment, virt uint64) blockmap.Extent {
 	e := blockmap.Extent{Virt: virt, Phys: sg.Phys, Len: sg.Len}
 	if d.enc != nil {
 		e.TweakOff = sg.Tweak - virt

@@ -167,12 +167,9 @@ func (s *Store) snapshot(srcName, name string, flag uint32) (*disk, error) {
 	if src.enc != nil {
 		d.enc = &diskCrypt{check: src.enc.check, slots: src.enc.slots}
 		d.enc.cipher.Store(src.enc.cipher.Load())
-		for _, x := range []*disk{d, src} {
-			r, err := x.freshTweakBaseLockedMu()
-			if err != nil {
-				return nil, err
-			}
-			crecs = append(crecs, r)
+		var err error
+		if crecs, err = freshTweakBasesLockedMu(nil, d, src); err != nil {
+			return nil, err
 		}
 	}
 	if flag == diskFlagSnapshot && !hidden {
@@ -328,22 +325,23 @@ func (d *disk) share(src *disk, sv, v, count uint64, clone bool) error {
 		d.mayShare.Store(true)
 		src.mayShare.Store(true)
 		if d.enc != nil { // copies on write of the shared blocks must not take their tweaks
-			for _, x := range []*disk{d, src} {
-				if x == src && (x == d || x.readOnly() != nil) {
-					continue
+			var fresh []*disk
+			if src != d {
+				fresh = append(fresh, d)
+				if src.readOnly() == nil {
+					fresh = append(fresh, src)
 				}
-				r, err := x.freshTweakBaseLockedMu()
-				if err != nil {
-					return mapChange{}, err
-				}
-				c.recs = append(c.recs, r)
+			}
+			var err error
+			if c.recs, err = freshTweakBasesLockedMu(c.recs, fresh...); err != nil {
+				return mapChange{}, err
 			}
 		}
 		for _, sg := range src.m.Lookup(nil, sv, count) {
 			if sg.Hole {
 				continue
 			}
-			e := d.sharedExtent(sg, v+(sg.Virt-sv))
+			e := d.extentOf(sg, v+(sg.Virt-sv))
 			if freed := d.m.Insert(e, nil); len(freed) != 0 {
 				panic(fmt.Sprintf("image: disk %d: copy mapped over %v after punching the range", d.id, freed))
 			}
@@ -410,7 +408,7 @@ func (s *Store) replayShared(d *disk, r *record, bad func(string, ...any)) {
 				continue
 			}
 			s.mu.shared.Add(sg.Phys, sg.Len)
-			s.replayFree(d.m.Insert(d.sharedExtent(sg, r.Virt+(sg.Virt-r.SrcVirt)), nil), bad)
+			s.replayFree(d.m.Insert(d.extentOf(sg, r.Virt+(sg.Virt-r.SrcVirt)), nil), bad)
 		}
 		d.mayShare.Store(true)
 		src.mayShare.Store(true)
