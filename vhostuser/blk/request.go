@@ -1,7 +1,6 @@
 package blk
 
 import (
-	"encoding/binary"
 	"fmt"
 	"time"
 	"unsafe"
@@ -69,8 +68,11 @@ func (r *request) parse(d *device) error {
 	}
 	var hdr [proto.BlkOutHdrSize]byte
 	gatherCopy(hdr[:], c.Bufs[:c.NumRead])
-	typ := binary.LittleEndian.Uint32(hdr[0:])
-	sector := binary.LittleEndian.Uint64(hdr[8:])
+	h, err := proto.DecodeBlkOutHdr(hdr[:])
+	if err != nil {
+		return fmt.Errorf("%v: %w", err, errBadRequest)
+	}
+	typ := h.Type
 	readData := c.ReadLen - proto.BlkOutHdrSize
 	writeData := c.WriteLen - proto.BlkStatusSize
 	switch typ {
@@ -87,11 +89,11 @@ func (r *request) parse(d *device) error {
 		// Data in the wrong direction: readable buffers after a read's
 		// header, writable ones before a write's status.
 		wrongWay := typ == proto.BlkTIn && readData != 0 || typ == proto.BlkTOut && writeData != 0
-		if wrongWay || n%proto.SectorSize != 0 || sector > size/proto.SectorSize || n > size-sector*proto.SectorSize {
+		if wrongWay || n%proto.SectorSize != 0 || !inDisk(h.Sector, n, size) {
 			r.status = statusIOErr // the driver's mistake, answered like a device's error
 			return nil
 		}
-		r.off = int64(sector * proto.SectorSize)
+		r.off = int64(h.Sector * proto.SectorSize)
 		if r.op == opRead {
 			r.written = uint32(n)
 		}
@@ -116,6 +118,12 @@ func (r *request) parse(d *device) error {
 		r.status = statusUnsupp
 	}
 	return nil
+}
+
+// inDisk reports whether n bytes from sector lie inside a disk of size
+// bytes, without overflow for any sector.
+func inDisk(sector, n, size uint64) bool {
+	return sector <= size/proto.SectorSize && n <= size-sector*proto.SectorSize
 }
 
 // gather appends to dst the n bytes of bufs after the first skip, as

@@ -1,7 +1,6 @@
 package blk
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -74,18 +73,19 @@ func (d *device) zeroSegments(r *request) error {
 		if n == 0 {
 			return nil
 		}
-		sector := binary.LittleEndian.Uint64(seg[0:])
-		num := uint64(binary.LittleEndian.Uint32(seg[8:]))
-		flags := binary.LittleEndian.Uint32(seg[12:])
-		unmap := flags&proto.BlkSegFlagUnmap != 0
-		if flags&^proto.BlkSegFlagUnmap != 0 || r.op == opDiscard && unmap {
-			return fmt.Errorf("segment flags %#x: %w", flags, errUnsupported)
+		sg, err := proto.DecodeBlkSeg(seg[:n])
+		if err != nil {
+			return fmt.Errorf("%v: %w", err, errBadRequest)
 		}
-		if num > maxDiscardSectors || sector > size/proto.SectorSize || num*proto.SectorSize > size-sector*proto.SectorSize {
+		sector, num := sg.Sector, uint64(sg.NumSectors)
+		unmap := sg.Flags&proto.BlkSegFlagUnmap != 0
+		if sg.Flags&^proto.BlkSegFlagUnmap != 0 || r.op == opDiscard && unmap {
+			return fmt.Errorf("segment flags %#x: %w", sg.Flags, errUnsupported)
+		}
+		if num > maxDiscardSectors || !inDisk(sector, num*proto.SectorSize, size) {
 			return fmt.Errorf("segment of %d sectors at %d past the disk's %d bytes: %w", num, sector, size, errBadRequest)
 		}
 		off, length := int64(sector*proto.SectorSize), int64(num*proto.SectorSize)
-		var err error
 		if r.op == opDiscard {
 			err = d.disk.Discard(off, length)
 		} else {
