@@ -39,7 +39,9 @@ import (
 // Locking: vhostSet.mu protects its maps and is held across a server's
 // start and close, so that a disk's removal, rename or resize and a
 // request of the control socket see a server either fully there or gone.
-// It is never taken with vfs.mu held, nor vfs.mu with it.
+// It is never taken with vfs.mu held, nor vfs.mu with it. StopVhostUser's
+// check (may) runs with it held, so that the server it allowed is the one
+// closed; the control socket's check reads the store only (Store.Stat).
 
 // VhostServer is one disk's vhost-user-blk device, as the mount drives it
 // (*blk.Server).
@@ -187,8 +189,10 @@ func (s *vhostSet) stopLocked(d *servedDisk, why string) error {
 	return nil
 }
 
-// stop closes the server on socket.
-func (s *vhostSet) stop(socket string) error {
+// stop closes the server on socket if may (nil: always) allows it, asked
+// about that server under s.mu, so that the server it allowed is the one
+// closed.
+func (s *vhostSet) stop(socket string, may func(VhostUser) error) error {
 	abs, err := filepath.Abs(socket)
 	if err != nil {
 		return err
@@ -199,22 +203,12 @@ func (s *vhostSet) stop(socket string) error {
 	if d == nil {
 		return fmt.Errorf("%s: %w", socket, ErrNotServed)
 	}
+	if may != nil {
+		if err := may(d.info()); err != nil {
+			return err
+		}
+	}
 	return s.stopLocked(d, "asked")
-}
-
-// servedOn returns the disk id served on socket.
-func (s *vhostSet) servedOn(socket string) (VhostUser, error) {
-	abs, err := filepath.Abs(socket)
-	if err != nil {
-		return VhostUser{}, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	d := s.mu.bySocket[abs]
-	if d == nil {
-		return VhostUser{}, fmt.Errorf("%s: %w", socket, ErrNotServed)
-	}
-	return d.info(), nil
 }
 
 // list describes every server, by socket.
@@ -338,12 +332,15 @@ func (s *Server) ServeVhostUser(disk, socket string) (VhostUser, error) {
 	return s.vfs.vhost.start(disk, socket, false)
 }
 
-// StopVhostUser closes the server on socket: the frontend is disconnected,
-// the socket removed, and every request in flight ended.
-func (s *Server) StopVhostUser(socket string) error { return s.vfs.vhost.stop(socket) }
-
-// VhostUserOn describes the server on socket (ErrNotServed if none).
-func (s *Server) VhostUserOn(socket string) (VhostUser, error) { return s.vfs.vhost.servedOn(socket) }
+// StopVhostUser closes the server on socket (ErrNotServed if none): the
+// frontend is disconnected, the socket removed, and every request in
+// flight ended. When may is not nil it is asked first, about the server on
+// socket, and its error refuses the stop; it is asked with the set of
+// servers locked, so it must not call back into the vhost-user door, and
+// no server can take the socket over between the question and the stop.
+func (s *Server) StopVhostUser(socket string, may func(VhostUser) error) error {
+	return s.vfs.vhost.stop(socket, may)
+}
 
 // VhostUsers describes every disk served on vhost-user, by socket.
 func (s *Server) VhostUsers() []VhostUser { return s.vfs.vhost.list() }

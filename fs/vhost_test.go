@@ -123,7 +123,7 @@ func TestVhostUserDirFollowsDisks(t *testing.T) {
 	if _, err := tc.srv.ServeVhostUser("b.raw", other); !errors.Is(err, image.ErrExist) {
 		t.Errorf("a disk on a second socket: %v, want ErrExist", err)
 	}
-	if err := tc.srv.StopVhostUser(sock("b.raw")); err != nil {
+	if err := tc.srv.StopVhostUser(sock("b.raw"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tc.srv.ServeVhostUser("b.raw", other); err != nil {
@@ -154,7 +154,7 @@ func TestVhostUserDirFollowsDisks(t *testing.T) {
 	if fake.get(sock("b.raw")) != nil || fake.get(other) != nil {
 		t.Errorf("after the removal a server of the disk is left: %+v", tc.srv.VhostUsers())
 	}
-	if err := tc.srv.StopVhostUser(other); !errors.Is(err, ErrNotServed) {
+	if err := tc.srv.StopVhostUser(other, nil); !errors.Is(err, ErrNotServed) {
 		t.Errorf("stop a server already gone: %v, want ErrNotServed", err)
 	}
 	tc.unmount()
@@ -166,7 +166,7 @@ func TestVhostUserDirFollowsDisks(t *testing.T) {
 	if fake.get(sock("a-snap")) == nil {
 		t.Errorf("the snapshot is not served after a remount")
 	}
-	if err := tc.srv.StopVhostUser(sock("a-snap")); err != nil {
+	if err := tc.srv.StopVhostUser(sock("a-snap"), nil); err != nil {
 		t.Errorf("stop: %v", err)
 	}
 	if fake.live() != 0 {
@@ -285,7 +285,7 @@ func TestVhostUserServesUnlocked(t *testing.T) {
 	if fake.get(sock) == nil {
 		t.Fatalf("the new encrypted disk is not served")
 	}
-	if err := tc.srv.StopVhostUser(sock); err != nil {
+	if err := tc.srv.StopVhostUser(sock, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tc.srv.vfs.store.Lock("e.raw"); err != nil {

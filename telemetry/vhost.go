@@ -63,12 +63,11 @@ type VhostController interface {
 	// ServeVhostUser serves the disk called disk on socket, returning
 	// once the socket listens.
 	ServeVhostUser(disk, socket string) (VhostUser, error)
-	// StopVhostUser closes the server on socket; an error matching
-	// image.ErrNotExist when there is none.
-	StopVhostUser(socket string) error
-	// VhostUserOn describes the server on socket, as StopVhostUser fails
-	// when there is none.
-	VhostUserOn(socket string) (VhostUser, error)
+	// StopVhostUser closes the server on socket, an error matching
+	// image.ErrNotExist when there is none, unless may, given that
+	// server, refuses: may is asked and the server closed under one lock,
+	// so the server may allowed is the one closed.
+	StopVhostUser(socket string, may func(VhostUser) error) error
 }
 
 // VhostSource lists the disks served on vhost-user, sorted by socket.
@@ -144,14 +143,7 @@ func (g guard) StopVhostUser(socket string) error {
 	if vc == nil {
 		return ErrNoVhostUser
 	}
-	u, err := vc.VhostUserOn(socket)
-	if err != nil {
-		return err
-	}
-	if err := g.writable(u.Disk); err != nil {
-		return err
-	}
-	return vc.StopVhostUser(socket)
+	return vc.StopVhostUser(socket, func(u VhostUser) error { return g.writable(u.Disk) })
 }
 
 // writable returns an error matching fs.ErrPermission when the peer may

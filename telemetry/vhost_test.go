@@ -37,20 +37,16 @@ func (v vhostSource) ServeVhostUser(disk, socket string) (VhostUser, error) {
 	return u, nil
 }
 
-func (v vhostSource) StopVhostUser(socket string) error {
-	if _, err := v.VhostUserOn(socket); err != nil {
+func (v vhostSource) StopVhostUser(socket string, may func(VhostUser) error) error {
+	u, ok := v.served[socket]
+	if !ok {
+		return image.ErrNotExist
+	}
+	if err := may(u); err != nil {
 		return err
 	}
 	delete(v.served, socket)
 	return nil
-}
-
-func (v vhostSource) VhostUserOn(socket string) (VhostUser, error) {
-	u, ok := v.served[socket]
-	if !ok {
-		return VhostUser{}, image.ErrNotExist
-	}
-	return u, nil
 }
 
 func (v vhostSource) VhostUsers() []VhostUser {

@@ -98,7 +98,7 @@ func (m mountSource) Info() image.Info       { return m.s.Info() }
 func (m mountSource) Version() int           { return m.s.Version() }
 func (m mountSource) Check() *image.Report   { return m.s.Check() }
 
-// ServeVhostUser, StopVhostUser, VhostUserOn and VhostUsers are `vdisk
+// ServeVhostUser, StopVhostUser and VhostUsers are `vdisk
 // vhost-user` and the served disks of `vdisk ls` and `stats`
 // (fs.Server's).
 func (m mountSource) ServeVhostUser(disk, socket string) (telemetry.VhostUser, error) {
@@ -106,11 +106,8 @@ func (m mountSource) ServeVhostUser(disk, socket string) (telemetry.VhostUser, e
 	return vhostUserOf(u), err
 }
 
-func (m mountSource) StopVhostUser(socket string) error { return m.srv.StopVhostUser(socket) }
-
-func (m mountSource) VhostUserOn(socket string) (telemetry.VhostUser, error) {
-	u, err := m.srv.VhostUserOn(socket)
-	return vhostUserOf(u), err
+func (m mountSource) StopVhostUser(socket string, may func(telemetry.VhostUser) error) error {
+	return m.srv.StopVhostUser(socket, func(u fs.VhostUser) error { return may(vhostUserOf(u)) })
 }
 
 func (m mountSource) VhostUsers() []telemetry.VhostUser {
