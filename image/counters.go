@@ -145,18 +145,14 @@ func (c *Counters) snapshot() CounterSnapshot {
 	}
 	for i := range c.shards {
 		sh := &c.shards[i]
-		out.ReadRequests += sh.ReadRequestSize.count()
-		out.ReadRequestBytes += sh.ReadRequestSize.sum.Load()
-		out.WriteRequests += sh.WriteRequestSize.count()
-		out.WriteRequestBytes += sh.WriteRequestSize.sum.Load()
+		sh.ReadRequestSize.addTo(&out.ReadRequests, &out.ReadRequestBytes)
+		sh.WriteRequestSize.addTo(&out.WriteRequests, &out.WriteRequestBytes)
 		out.Lookups += sh.Lookups.Load()
 		out.LookupSegments += sh.LookupSegments.Load()
 		out.CoalescePieces += sh.CoalescePieces.Load()
 		out.CoalesceRuns += sh.CoalesceRuns.Load()
-		out.DataReads += sh.DataReadSize.count()
-		out.DataReadBytes += sh.DataReadSize.sum.Load()
-		out.DataWrites += sh.DataWriteSize.count()
-		out.DataWriteBytes += sh.DataWriteSize.sum.Load()
+		sh.DataReadSize.addTo(&out.DataReads, &out.DataReadBytes)
+		sh.DataWriteSize.addTo(&out.DataWrites, &out.DataWriteBytes)
 		out.DurableWrites += sh.DurableWrites.Load()
 		out.EncryptedBytes += sh.EncryptedBytes.Load()
 		out.DecryptedBytes += sh.DecryptedBytes.Load()
@@ -271,6 +267,13 @@ func (h *Histogram) count() uint64 {
 		n += h.counts[i].Load()
 	}
 	return n
+}
+
+// addTo adds h's count of observations to *count and their sum to *sum
+// (a size histogram's: bytes).
+func (h *Histogram) addTo(count, sum *uint64) {
+	*count += h.count()
+	*sum += h.sum.Load()
 }
 
 // HistogramSnapshot is a copy of a Histogram: Counts[i] observations fell
