@@ -268,23 +268,13 @@ func (t *vdiskfsMount) File() string                    { return t.path }
 func (t *vdiskfsMount) Reset(ctx context.Context) error { return emptyFile(t.path, t.size) }
 func (t *vdiskfsMount) Close() error                    { return os.Remove(t.path) }
 
-// vdiskCounters are the counters of `vdisk stats --json` the tool reads
-// (image.CounterSnapshot's JSON names).
+// vdiskCounters are the counters of `vdisk stats --json` the tool reads:
+// image.CounterSnapshot, with commits and flushes nil when the binary
+// measured does not print them.
 type vdiskCounters struct {
-	DataWrites        uint64  `json:"data_writes"`
-	DataWriteBytes    uint64  `json:"data_write_bytes"`
-	DataReads         uint64  `json:"data_reads"`
-	DataReadBytes     uint64  `json:"data_read_bytes"`
-	WriteRequests     uint64  `json:"write_requests"`
-	WriteRequestBytes uint64  `json:"write_request_bytes"`
-	ReadRequests      uint64  `json:"read_requests"`
-	ReadRequestBytes  uint64  `json:"read_request_bytes"`
-	MetaWrites        uint64  `json:"meta_writes"`
-	MetaWriteBytes    uint64  `json:"meta_write_bytes"`
-	MetaReads         uint64  `json:"meta_reads"`
-	MetaReadBytes     uint64  `json:"meta_read_bytes"`
-	Commits           *uint64 `json:"commits"`
-	Flushes           *uint64 `json:"flushes"`
+	image.CounterSnapshot
+	Commits *uint64 `json:"commits"`
+	Flushes *uint64 `json:"flushes"`
 }
 
 // vdiskStats is the part of `vdisk stats --json` the tool reads: the
