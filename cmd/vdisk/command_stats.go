@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -42,9 +41,7 @@ stops after N lines). --json prints the whole snapshot.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				return writeJSON(e, st)
 			}
 			printStats(e.stdout, st)
 			return nil

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -105,9 +104,7 @@ func newVersionCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			vi := buildVersionInfo()
 			if asJSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(vi)
+				return writeJSON(e, vi)
 			}
 			_, err := fmt.Fprint(e.stdout, vi.text())
 			return err
