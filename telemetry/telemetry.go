@@ -381,6 +381,46 @@ func client(mountpoint string, timeout time.Duration) (c *http.Client, abs, sock
 	return c, abs, sock, nil
 }
 
+// doJSON makes the request method /what of the mount's socket with body (JSON),
+// expects status, and decodes the answer into v unless v is nil, waiting
+// at most timeout (0: as long as the daemon takes). The descriptors of
+// files, if any, pass with the request (SCM_RIGHTS).
+func doJSON(mountpoint, method, what string, body []byte, status int, timeout time.Duration, v any, files ...*os.File) error {
+	c, abs, sock, err := client(mountpoint, timeout)
+	if err != nil {
+		return err
+	}
+	if len(files) > 0 {
+		c = withRights(c, sock, files...)
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, "http://vdiskfs/"+what, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != status {
+		return errorOf(resp)
+	}
+	if v == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("%s of %s: %w", what, abs, err)
+	}
+	return nil
+}
+
 // Fetch reads the stats of the mount at mountpoint through its socket.
 func Fetch(mountpoint string) (*Stats, error) {
 	c, abs, sock, err := client(mountpoint, 10*time.Second)
@@ -437,25 +477,11 @@ func Clone(mountpoint, disk, name string) (SnapshotReply, error) {
 }
 
 func shareWhole(req SnapshotRequest, mountpoint string) (SnapshotReply, error) {
-	c, abs, sock, err := client(mountpoint, 0)
-	if err != nil {
-		return SnapshotReply{}, err
-	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return SnapshotReply{}, err
 	}
-	resp, err := c.Post("http://vdiskfs/snapshot", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return SnapshotReply{}, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		return SnapshotReply{}, errorOf(resp)
-	}
 	var rep SnapshotReply
-	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
-		return SnapshotReply{}, fmt.Errorf("reply of %s: %w", abs, err)
-	}
-	return rep, nil
+	err = doJSON(mountpoint, http.MethodPost, "snapshot", body, http.StatusCreated, 0, &rep)
+	return rep, err
 }

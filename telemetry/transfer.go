@@ -233,23 +233,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // Diff asks the mount at mountpoint for the changes of its disk new from
 // its disk old (image.Diff).
 func Diff(mountpoint, old, new string) (DiffReply, error) {
-	c, abs, sock, err := client(mountpoint, 0)
-	if err != nil {
-		return DiffReply{}, err
-	}
-	resp, err := c.Get("http://vdiskfs/diff?" + url.Values{"old": {old}, "new": {new}}.Encode())
-	if err != nil {
-		return DiffReply{}, fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return DiffReply{}, errorOf(resp)
-	}
 	var rep DiffReply
-	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
-		return DiffReply{}, fmt.Errorf("diff reply of %s: %w", abs, err)
-	}
-	return rep, nil
+	err := doJSON(mountpoint, http.MethodGet, "diff?"+url.Values{"old": {old}, "new": {new}}.Encode(), nil, http.StatusOK, 0, &rep)
+	return rep, err
 }
 
 // Send copies the stream of the mount's disk (incremental from from when

@@ -23,14 +23,12 @@ package telemetry
 // answers these requests 404.
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -199,41 +197,4 @@ func VhostUsers(mountpoint string) ([]VhostUser, error) {
 	var us []VhostUser
 	err := getJSON(mountpoint, http.MethodGet, "vhost-user", 30*time.Second, &us)
 	return us, err
-}
-
-// doJSON makes the request method /what of the mount's socket with body,
-// expects status, and decodes the answer into v unless v is nil, waiting
-// at most timeout (0: as long as the daemon takes). The descriptors of
-// files, if any, pass with the request (SCM_RIGHTS).
-func doJSON(mountpoint, method, what string, body []byte, status int, timeout time.Duration, v any, files ...*os.File) error {
-	c, abs, sock, err := client(mountpoint, timeout)
-	if err != nil {
-		return err
-	}
-	if len(files) > 0 {
-		c = withRights(c, sock, files...)
-	}
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequest(method, "http://vdiskfs/"+what, rd)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s (socket %s): %w: %v", abs, sock, ErrNotServing, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != status {
-		return errorOf(resp)
-	}
-	if v == nil {
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		return fmt.Errorf("%s of %s: %w", what, abs, err)
-	}
-	return nil
 }
