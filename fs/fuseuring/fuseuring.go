@@ -664,7 +664,7 @@ func (q *queue) serve(rg *iouring.Ring) {
 // the next call.
 func (q *queue) enter(rg *iouring.Ring, wait bool) {
 	err := rg.Enter(wait)
-	if err != nil && err != unix.EINTR && err != unix.EAGAIN && err != unix.EBUSY {
+	if err != nil && !iouring.Transient(err) {
 		// Our ring memory is broken; the kernel still owns the
 		// entries, so neither going on nor unmapping is safe.
 		panic(fmt.Sprintf("fuseuring: queue %d: io_uring_enter: %v", q.qid, err))
@@ -804,16 +804,14 @@ func (q *queue) submit(rg *iouring.Ring, e *entry) {
 // armWake queues the eventfd read whose completion wakes the owner.
 func (q *queue) armWake(rg *iouring.Ring) {
 	buf := q.headers[len(q.ents)*headerStride:]
-	rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(q.efd), Off: ^uint64(0),
-		Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), Len: 8, UserData: wakeTag})
+	rg.Put(iouring.ReadEventfd(q.efd, buf, wakeTag))
 }
 
 // armReap queues the read of the completion queue's eventfd whose
 // completion says that async I/O completions are waiting (reapTag).
 func (q *queue) armReap(rg *iouring.Ring) {
 	buf := q.headers[len(q.ents)*headerStride+8:]
-	rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(q.cq.Fd()), Off: ^uint64(0),
-		Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), Len: 8, UserData: reapTag})
+	rg.Put(iouring.ReadEventfd(q.cq.Fd(), buf, reapTag))
 	q.reapArmed = true
 }
 

@@ -1,7 +1,9 @@
 // Package iouring is the small part of Linux io_uring that vdiskfs needs:
 // create a ring, write submission entries, submit and wait, and reap
-// completions. It has no policy; its users (the backend's read engine and
-// the FUSE-over-io_uring transport) decide who may touch a ring and when.
+// completions, and wake a ring's owner through an eventfd. It has no
+// policy; its users (the backend's read engine, the FUSE-over-io_uring
+// transport and the vhost-user queue owners) decide who may touch a ring
+// and when.
 //
 // Invariants: a Ring is not safe for concurrent use; its owner (one
 // goroutine) writes SQEs with Next, publishes and submits them with Enter,
@@ -217,6 +219,15 @@ func (r *Ring) Close() error {
 	}
 	r.sqeMem, r.cqMem, r.sqMem = nil, nil, nil
 	return unix.Close(r.fd)
+}
+
+// ReadEventfd is the SQE of a read of the eventfd efd's counter into the
+// first 8 bytes of buf, tagged tag: armed on a ring, it completes when
+// another goroutine calls Notify(efd), which wakes an owner sleeping in
+// Enter. buf must stay put until the completion is reaped.
+func ReadEventfd(efd int, buf []byte, tag uint64) SQE {
+	return SQE{Opcode: OpRead, Fd: int32(efd), Off: ^uint64(0),
+		Addr: uint64(uintptr(unsafe.Pointer(&buf[:8][0]))), Len: 8, UserData: tag}
 }
 
 // Notify adds one to the eventfd efd, completing a read of it armed in a

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -248,8 +247,7 @@ func (o *owner) arm(rg *iouring.Ring) {
 			continue
 		}
 		o.room(rg, 1)
-		rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(fd), Off: ^uint64(0),
-			Addr: uint64(uintptr(unsafe.Pointer(&o.bufs[8*i]))), Len: 8, UserData: tags[i]})
+		rg.Put(iouring.ReadEventfd(fd, o.bufs[8*i:], tags[i]))
 		o.armed[i] = true
 	}
 }

@@ -238,8 +238,7 @@ func (rg *ring) push(o *op) {
 
 // armWake queues the read of the eventfd that wakes the owner.
 func (rg *ring) armWake(efd int) {
-	rg.Put(iouring.SQE{Opcode: iouring.OpRead, Fd: int32(efd), Addr: uint64(uintptr(unsafe.Pointer(&rg.efdBuf[0]))),
-		Len: uint32(len(rg.efdBuf)), Off: ^uint64(0), UserData: wakeTag})
+	rg.Put(iouring.ReadEventfd(efd, rg.efdBuf[:], wakeTag))
 	rg.wakeArmed = true
 }
 
