@@ -247,7 +247,8 @@ func digestSpans(total, piece, align int64) []digestSpan {
 
 // baseDigest computes the base digest of d.
 func baseDigest(d *image.Disk) ([32]byte, error) {
-	return digest(d.Size(), d.Size(), digestPiece, 4096, func(b []byte, off int64) ([]byte, error) {
+	size := d.Size()
+	return digest(size, size, digestPiece, 4096, func(b []byte, off int64) ([]byte, error) {
 		if k, err := d.ReadAt(b, off); k != len(b) {
 			return nil, fmt.Errorf("base digest: read %d bytes at %d: %w", len(b), off, err)
 		}
