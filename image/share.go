@@ -325,12 +325,13 @@ func (d *disk) share(src *disk, sv, v, count uint64, clone bool) error {
 		d.mayShare.Store(true)
 		src.mayShare.Store(true)
 		if d.enc != nil { // copies on write of the shared blocks must not take their tweaks
-			var fresh []*disk
-			if src != d {
-				fresh = append(fresh, d)
-				if src.readOnly() == nil {
-					fresh = append(fresh, src)
-				}
+			// Within one disk too: after a copy from sv to v, a write
+			// at sv under the old base would take the tweak of the
+			// blocks now at v, and two ciphertexts of one key and
+			// tweak would stand in the store side by side.
+			fresh := []*disk{d}
+			if src != d && src.readOnly() == nil {
+				fresh = append(fresh, src)
 			}
 			var err error
 			if c.recs, err = freshTweakBasesLockedMu(c.recs, fresh...); err != nil {
