@@ -26,9 +26,9 @@ import (
 //     v's tweak is v+TweakOff). A block keeps its tweak wherever it is
 //     moved or shared (defrag, clones, snapshots, copies), so none of
 //     those needs the key. New blocks get the disk's tweak base plus their
-//     virtual block; a snapshot or clone gives the disks that can be
-//     written a fresh base, so a copy-on-write block never takes the tweak
-//     its shared original has under the same key.
+//     virtual block; a snapshot, clone or copy (within one disk too) gives
+//     the disks that can be written a fresh base, so a copy-on-write block
+//     never takes the tweak its shared original has under the same key.
 //   - Writes are encrypted in the plan into the store's own bounce buffer,
 //     never in the caller's; reads are decrypted in place in the buffer
 //     they were read into, when the plan finishes. A locked disk (no key
