@@ -166,6 +166,7 @@ func ignoreNotExist(err error) error {
 // --binary targets do, and serves the disk with `vdisk vhost-user`.
 type vhostTarget struct {
 	*vhostDevice
+	name   string
 	file   string
 	size   int64
 	pid    int
@@ -184,26 +185,28 @@ func newVhostExisting(socket, file string, size int64, pid int) (*vhostTarget, e
 	if st.Size() < size {
 		return nil, fmt.Errorf("--vhost-file %s has %d bytes, --size is %d", file, st.Size(), size)
 	}
-	t := &vhostTarget{file: file, size: size, pid: pid}
+	t := &vhostTarget{name: targetVhost, file: file, size: size, pid: pid}
 	if t.vhostDevice, err = dialVhost(socket, size); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-func newVhostDaemon(ctx context.Context, vdisk, dir string, size int64) (*vhostTarget, error) {
-	if vdisk == "" {
+// newVhostDaemon serves a disk of a fresh store of spec's binary on a
+// socket named after the target.
+func newVhostDaemon(ctx context.Context, spec binarySpec, dir string, size int64) (*vhostTarget, error) {
+	if spec.Path == "" {
 		return nil, fmt.Errorf("the vhost target needs a vdisk binary (--vdisk) or --vhost-socket")
 	}
-	d, err := newVdiskDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk}, dir, size)
+	d, err := newVdiskDaemon(ctx, spec, dir, size)
 	if err != nil {
 		return nil, err
 	}
-	t := &vhostTarget{file: d.path, size: size, daemon: d, socket: filepath.Join(dir, vhostSocketName)}
-	out, err := exec.CommandContext(ctx, vdisk, "vhost-user", d.path, t.socket).CombinedOutput()
+	t := &vhostTarget{name: spec.Name, file: d.path, size: size, daemon: d, socket: filepath.Join(dir, spec.Name+".sock")}
+	out, err := exec.CommandContext(ctx, spec.Path, "vhost-user", d.path, t.socket).CombinedOutput()
 	if err != nil {
 		t.Close()
-		return nil, fmt.Errorf("%s vhost-user %s %s: %w: %s", vdisk, d.path, t.socket, err, strings.TrimSpace(string(out)))
+		return nil, fmt.Errorf("%s vhost-user %s %s: %w: %s", spec.Path, d.path, t.socket, err, strings.TrimSpace(string(out)))
 	}
 	if t.vhostDevice, err = dialVhost(t.socket, size); err != nil {
 		t.Close()
@@ -212,7 +215,7 @@ func newVhostDaemon(ctx context.Context, vdisk, dir string, size int64) (*vhostT
 	return t, nil
 }
 
-func (t *vhostTarget) Name() string                    { return targetVhost }
+func (t *vhostTarget) Name() string                    { return t.name }
 func (t *vhostTarget) File() string                    { return t.file }
 func (t *vhostTarget) Reset(ctx context.Context) error { return emptyFile(t.file, t.size) }
 

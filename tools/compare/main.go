@@ -101,19 +101,23 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
 	fuseTransport := fs.String("fuse-transport", "auto", "how the in-process vdiskfs mount gets its FUSE requests: auto, io_uring or dev (fs.Options.Transport)")
 	ioEngine := fs.String("io-engine", "auto", "how the in-process vdiskfs store issues its data reads: auto, io_uring or pread (image.Options.IOEngine)")
-	fs.Func("binary", "NAME=PATH: a target NAME, a fresh store formatted and mounted by the vdisk binary PATH as a user runs it (repeat it to compare binaries, e.g. --binary old=/tmp/vdisk-old --binary new=bin/vdisk --targets old,new --baseline old)", func(v string) error {
-		b, err := parseBinary(v)
-		if err != nil {
-			return err
-		}
-		for _, have := range o.binaries {
-			if have.Name == b.Name {
-				return fmt.Errorf("--binary %s given twice", b.Name)
+	addBinary := func(flag string) func(string) error {
+		return func(v string) error {
+			b, err := parseBinary(flag, v)
+			if err != nil {
+				return err
 			}
+			for _, have := range o.binaries {
+				if have.Name == b.Name {
+					return fmt.Errorf("target %s given twice (--binary, --vhost-binary)", b.Name)
+				}
+			}
+			o.binaries = append(o.binaries, b)
+			return nil
 		}
-		o.binaries = append(o.binaries, b)
-		return nil
-	})
+	}
+	fs.Func("binary", "NAME=PATH: a target NAME, a fresh store formatted and mounted by the vdisk binary PATH as a user runs it (repeat it to compare binaries, e.g. --binary old=/tmp/vdisk-old --binary new=bin/vdisk --targets old,new --baseline old)", addBinary("--binary"))
+	fs.Func("vhost-binary", "NAME=PATH: a target NAME like vhost, a disk of a fresh store served on a vhost-user-blk socket by the vdisk binary PATH (repeat it to compare binaries on the vhost door, e.g. --vhost-binary old=/tmp/vdisk-old --targets raw,vhost,old --baseline raw)", addBinary("--vhost-binary"))
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: compare [flags]\n\nRuns the same fio workloads on a vdiskfs disk and on a go-fuse pass-through of a plain file\n(same FUSE settings, same backing), round after round, and reports medians and ratios.\n\n")
@@ -438,11 +442,15 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 					err = fmt.Errorf("%w: %s: %v", errMissing, o.vdisk, lerr)
 					break
 				}
-				t, err = newVhostDaemon(ctx, vdisk, work, o.size)
+				t, err = newVhostDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk, Vhost: true}, work, o.size)
 			}
 		default:
 			i := slices.IndexFunc(o.binaries, func(b binarySpec) bool { return b.Name == name })
-			t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
+			if o.binaries[i].Vhost {
+				t, err = newVhostDaemon(ctx, o.binaries[i], work, o.size)
+			} else {
+				t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("setting up %s: %w%s", name, err, mountHint(err))
