@@ -24,6 +24,7 @@ import (
 	vfs "github.com/vdiskfs/vdiskfs/fs"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
+	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 )
 
 //go:embed default.fio
@@ -371,6 +372,13 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	}
 	logger := quietLogger(stderr)
 
+	// The vhost targets' guest memory (vhostDevice says why one), closed
+	// after them.
+	guestMem, err := frontend.NewMemory(vhostMemory)
+	if err != nil {
+		return nil, err
+	}
+	defer guestMem.Close()
 	// The targets, in allTargets order.
 	var targets []target
 	defer func() {
@@ -430,24 +438,24 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		case targetQSD:
 			t, err = newQSD(ctx, work, o.size)
 		case targetQSDVhost:
-			t, err = newQSDVhost(ctx, work, o.size)
+			t, err = newQSDVhost(ctx, work, o.size, guestMem)
 		case targetRawUring:
 			t, err = newRawUring(filepath.Join(work, "raw.img"), o.size)
 		case targetVhost:
 			if o.vhostSocket != "" {
-				t, err = newVhostExisting(o.vhostSocket, o.vhostFile, o.size, o.serverPID)
+				t, err = newVhostExisting(o.vhostSocket, o.vhostFile, o.size, o.serverPID, guestMem)
 			} else {
 				vdisk, lerr := lookPath(o.vdisk)
 				if lerr != nil {
 					err = fmt.Errorf("%w: %s: %v", errMissing, o.vdisk, lerr)
 					break
 				}
-				t, err = newVhostDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk, Vhost: true}, work, o.size)
+				t, err = newVhostDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk, Vhost: true}, work, o.size, guestMem)
 			}
 		default:
 			i := slices.IndexFunc(o.binaries, func(b binarySpec) bool { return b.Name == name })
 			if o.binaries[i].Vhost {
-				t, err = newVhostDaemon(ctx, o.binaries[i], work, o.size)
+				t, err = newVhostDaemon(ctx, o.binaries[i], work, o.size, guestMem)
 			} else {
 				t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
 			}
