@@ -12,26 +12,29 @@ import (
 
 // --- a vdiskfs daemon of a given vdisk binary (--binary NAME=PATH) ---
 
-// binarySpec is one --binary flag: a target called Name served by the vdisk
-// binary at Path.
+// binarySpec is one --binary or --vhost-binary flag: a target called Name
+// served by the vdisk binary at Path, on its mount or, with Vhost, on a
+// vhost-user-blk socket (`vdisk vhost-user`).
 type binarySpec struct {
 	Name, Path string
+	Vhost      bool
 }
 
-// parseBinary reads NAME=PATH. NAME becomes a target name, so it may not
-// be one of the built-in targets.
-func parseBinary(s string) (binarySpec, error) {
+// parseBinary reads NAME=PATH, the value of flag (--binary or
+// --vhost-binary). NAME becomes a target name, so it may not be one of the
+// built-in targets.
+func parseBinary(flag, s string) (binarySpec, error) {
 	name, path, ok := strings.Cut(s, "=")
 	name, path = strings.TrimSpace(name), strings.TrimSpace(path)
 	if !ok || name == "" || path == "" {
-		return binarySpec{}, fmt.Errorf("--binary %q: want NAME=PATH (for example old=/tmp/vdisk-old)", s)
+		return binarySpec{}, fmt.Errorf("%s %q: want NAME=PATH (for example old=/tmp/vdisk-old)", flag, s)
 	}
-	if strings.ContainsAny(name, ", \t") {
-		return binarySpec{}, fmt.Errorf("--binary %q: NAME may not contain commas or spaces", s)
+	if strings.ContainsAny(name, ", \t/") {
+		return binarySpec{}, fmt.Errorf("%s %q: NAME may not contain commas, spaces or slashes", flag, s)
 	}
 	for _, t := range allTargets {
 		if name == t || name == "qsd" {
-			return binarySpec{}, fmt.Errorf("--binary %q: %s is a built-in target's name", s, name)
+			return binarySpec{}, fmt.Errorf("%s %q: %s is a built-in target's name", flag, s, name)
 		}
 	}
 	abs, err := filepath.Abs(path)
@@ -39,9 +42,9 @@ func parseBinary(s string) (binarySpec, error) {
 		return binarySpec{}, err
 	}
 	if st, err := os.Stat(abs); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return binarySpec{}, fmt.Errorf("--binary %q: %s is not an executable file", s, abs)
+		return binarySpec{}, fmt.Errorf("%s %q: %s is not an executable file", flag, s, abs)
 	}
-	return binarySpec{Name: name, Path: abs}, nil
+	return binarySpec{Name: name, Path: abs, Vhost: flag == "--vhost-binary"}, nil
 }
 
 // vdiskDaemon is a fresh store that the binary formats and mounts as a

@@ -50,6 +50,8 @@
 //     it (`vdisk mount STORE MNT`, the daemon in the background, its
 //     defaults); counters and CPU as for --mount. Several --binary targets
 //     measure builds side by side, in the same alternating rounds.
+//   - NAME, for each --vhost-binary NAME=PATH: as vhost, with the vdisk
+//     binary PATH: builds side by side on the vhost-user door.
 //
 // The scratch directory must be on the same backing as the store (it is by
 // default) and not on tmpfs.

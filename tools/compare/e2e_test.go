@@ -113,10 +113,12 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
-// Two --binary targets (one vdisk binary under two names, as an A/B of a
-// binary against itself): each formats and mounts a store of its own with
-// the daemon in the background, its counters come from vdisk stats, its
-// CPU from the daemon, and Close unmounts both.
+// Two --binary targets and a --vhost-binary one (one vdisk binary under
+// three names, as an A/B of a binary against itself): each formats and
+// mounts a store of its own with the daemon in the background (the last
+// serves its disk on a vhost-user socket to the load generator), its
+// counters come from vdisk stats, its CPU from the daemon, and Close
+// unmounts all.
 func TestBinaryTargets(t *testing.T) {
 	needMounts(t)
 	bin := filepath.Join(t.TempDir(), "vdisk")
@@ -132,8 +134,8 @@ func TestBinaryTargets(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{
 		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "2s", "--ramp", "0s", "--settle", "0s",
-		"--workloads", "seq-write-1m-qd16", "--binary", "a=" + bin, "--binary", "b=" + bin,
-		"--targets", "a,b", "--baseline", "a", "--json", js,
+		"--workloads", "seq-write-1m-qd16", "--binary", "a=" + bin, "--binary", "b=" + bin, "--vhost-binary", "v=" + bin,
+		"--targets", "a,b,v", "--baseline", "a", "--json", js,
 	}, &stdout, &stderr)
 	t.Logf("stderr:\n%s", stderr.String())
 	if code != exitOK {
@@ -143,11 +145,11 @@ func TestBinaryTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Runs) != 2 {
-		t.Fatalf("%d runs, want 1 workload × 2 targets", len(rep.Runs))
+	if len(rep.Runs) != 3 {
+		t.Fatalf("%d runs, want 1 workload × 3 targets", len(rep.Runs))
 	}
 	for _, r := range rep.Runs {
-		if r.Target != "a" && r.Target != "b" {
+		if r.Target != "a" && r.Target != "b" && r.Target != "v" {
 			t.Errorf("run on target %q", r.Target)
 		}
 		if r.MBps <= 0 || r.Req == nil || r.Req.ios() < r.FioIOs || r.ServerCPU == nil {

@@ -20,7 +20,7 @@ const (
 	targetVhost     = "vhost"     // a vdiskfs disk on a vhost-user-blk socket
 	targetQSDVhost  = "qsd-vhost" // qemu-storage-daemon's vhost-user-blk export of a raw file
 	targetRawUring  = "raw-uring" // the raw file through io_uring: the generator's calibration against fio
-	vhostMemory     = 128 << 20   // guest memory of the frontend: the buffers of 64 × 1 MiB and the rings
+	vhostMemory     = 128 << 20   // guest memory of the frontends: the buffers of 64 × 1 MiB and the rings
 	vhostSocketName = "vhost.sock"
 )
 
@@ -53,12 +53,16 @@ func (t *rawUringTarget) engine() loadgen.Engine { return loadgen.File{Path: t.p
 
 // vhostDevice is the frontend side shared by the vhost targets: one
 // connection, queue 0 driven by the generator (fio's jobs are one thread).
+// Every vhost target of a run dials with the same guest memory (mem), so
+// that the generator's buffers, allocated and freed run by run, are the
+// same pages whichever target a run is on: how physically scattered a
+// buffer is decides how many requests the backing device gets for it.
 type vhostDevice struct {
 	dev *frontend.Device
 }
 
-func dialVhost(socket string, size int64) (*vhostDevice, error) {
-	dev, err := frontend.Dial(frontend.Options{Socket: socket, MemSize: vhostMemory, Queues: 1})
+func dialVhost(socket string, size int64, mem *frontend.Memory) (*vhostDevice, error) {
+	dev, err := frontend.Dial(frontend.Options{Socket: socket, Memory: mem, Queues: 1})
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +94,7 @@ type qsdVhostTarget struct {
 	proc   *daemon
 }
 
-func newQSDVhost(ctx context.Context, dir string, size int64) (*qsdVhostTarget, error) {
+func newQSDVhost(ctx context.Context, dir string, size int64, mem *frontend.Memory) (*qsdVhostTarget, error) {
 	bin, _, err := findQSD()
 	if err != nil {
 		return nil, err
@@ -109,7 +113,7 @@ func newQSDVhost(ctx context.Context, dir string, size int64) (*qsdVhostTarget, 
 		t.Close()
 		return nil, err
 	}
-	if t.vhostDevice, err = dialVhost(t.socket, size); err != nil {
+	if t.vhostDevice, err = dialVhost(t.socket, size, mem); err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -166,6 +170,7 @@ func ignoreNotExist(err error) error {
 // --binary targets do, and serves the disk with `vdisk vhost-user`.
 type vhostTarget struct {
 	*vhostDevice
+	name   string
 	file   string
 	size   int64
 	pid    int
@@ -173,7 +178,7 @@ type vhostTarget struct {
 	socket string
 }
 
-func newVhostExisting(socket, file string, size int64, pid int) (*vhostTarget, error) {
+func newVhostExisting(socket, file string, size int64, pid int, mem *frontend.Memory) (*vhostTarget, error) {
 	if file == "" {
 		return nil, fmt.Errorf("--vhost-socket needs --vhost-file, the served disk's file (for the fill, reset and fsync between runs)")
 	}
@@ -184,35 +189,37 @@ func newVhostExisting(socket, file string, size int64, pid int) (*vhostTarget, e
 	if st.Size() < size {
 		return nil, fmt.Errorf("--vhost-file %s has %d bytes, --size is %d", file, st.Size(), size)
 	}
-	t := &vhostTarget{file: file, size: size, pid: pid}
-	if t.vhostDevice, err = dialVhost(socket, size); err != nil {
+	t := &vhostTarget{name: targetVhost, file: file, size: size, pid: pid}
+	if t.vhostDevice, err = dialVhost(socket, size, mem); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-func newVhostDaemon(ctx context.Context, vdisk, dir string, size int64) (*vhostTarget, error) {
-	if vdisk == "" {
+// newVhostDaemon serves a disk of a fresh store of spec's binary on a
+// socket named after the target.
+func newVhostDaemon(ctx context.Context, spec binarySpec, dir string, size int64, mem *frontend.Memory) (*vhostTarget, error) {
+	if spec.Path == "" {
 		return nil, fmt.Errorf("the vhost target needs a vdisk binary (--vdisk) or --vhost-socket")
 	}
-	d, err := newVdiskDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk}, dir, size)
+	d, err := newVdiskDaemon(ctx, spec, dir, size)
 	if err != nil {
 		return nil, err
 	}
-	t := &vhostTarget{file: d.path, size: size, daemon: d, socket: filepath.Join(dir, vhostSocketName)}
-	out, err := exec.CommandContext(ctx, vdisk, "vhost-user", d.path, t.socket).CombinedOutput()
+	t := &vhostTarget{name: spec.Name, file: d.path, size: size, daemon: d, socket: filepath.Join(dir, spec.Name+".sock")}
+	out, err := exec.CommandContext(ctx, spec.Path, "vhost-user", d.path, t.socket).CombinedOutput()
 	if err != nil {
 		t.Close()
-		return nil, fmt.Errorf("%s vhost-user %s %s: %w: %s", vdisk, d.path, t.socket, err, strings.TrimSpace(string(out)))
+		return nil, fmt.Errorf("%s vhost-user %s %s: %w: %s", spec.Path, d.path, t.socket, err, strings.TrimSpace(string(out)))
 	}
-	if t.vhostDevice, err = dialVhost(t.socket, size); err != nil {
+	if t.vhostDevice, err = dialVhost(t.socket, size, mem); err != nil {
 		t.Close()
 		return nil, err
 	}
 	return t, nil
 }
 
-func (t *vhostTarget) Name() string                    { return targetVhost }
+func (t *vhostTarget) Name() string                    { return t.name }
 func (t *vhostTarget) File() string                    { return t.file }
 func (t *vhostTarget) Reset(ctx context.Context) error { return emptyFile(t.file, t.size) }
 

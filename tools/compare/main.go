@@ -24,6 +24,7 @@ import (
 	vfs "github.com/vdiskfs/vdiskfs/fs"
 	"github.com/vdiskfs/vdiskfs/image/backend"
 	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
+	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 )
 
 //go:embed default.fio
@@ -101,19 +102,23 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
 	fuseTransport := fs.String("fuse-transport", "auto", "how the in-process vdiskfs mount gets its FUSE requests: auto, io_uring or dev (fs.Options.Transport)")
 	ioEngine := fs.String("io-engine", "auto", "how the in-process vdiskfs store issues its data reads: auto, io_uring or pread (image.Options.IOEngine)")
-	fs.Func("binary", "NAME=PATH: a target NAME, a fresh store formatted and mounted by the vdisk binary PATH as a user runs it (repeat it to compare binaries, e.g. --binary old=/tmp/vdisk-old --binary new=bin/vdisk --targets old,new --baseline old)", func(v string) error {
-		b, err := parseBinary(v)
-		if err != nil {
-			return err
-		}
-		for _, have := range o.binaries {
-			if have.Name == b.Name {
-				return fmt.Errorf("--binary %s given twice", b.Name)
+	addBinary := func(flag string) func(string) error {
+		return func(v string) error {
+			b, err := parseBinary(flag, v)
+			if err != nil {
+				return err
 			}
+			for _, have := range o.binaries {
+				if have.Name == b.Name {
+					return fmt.Errorf("target %s given twice (--binary, --vhost-binary)", b.Name)
+				}
+			}
+			o.binaries = append(o.binaries, b)
+			return nil
 		}
-		o.binaries = append(o.binaries, b)
-		return nil
-	})
+	}
+	fs.Func("binary", "NAME=PATH: a target NAME, a fresh store formatted and mounted by the vdisk binary PATH as a user runs it (repeat it to compare binaries, e.g. --binary old=/tmp/vdisk-old --binary new=bin/vdisk --targets old,new --baseline old)", addBinary("--binary"))
+	fs.Func("vhost-binary", "NAME=PATH: a target NAME like vhost, a disk of a fresh store served on a vhost-user-blk socket by the vdisk binary PATH (repeat it to compare binaries on the vhost door, e.g. --vhost-binary old=/tmp/vdisk-old --targets raw,vhost,old --baseline raw)", addBinary("--vhost-binary"))
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: compare [flags]\n\nRuns the same fio workloads on a vdiskfs disk and on a go-fuse pass-through of a plain file\n(same FUSE settings, same backing), round after round, and reports medians and ratios.\n\n")
@@ -367,6 +372,13 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	}
 	logger := quietLogger(stderr)
 
+	// The vhost targets' guest memory (vhostDevice says why one), closed
+	// after them.
+	guestMem, err := frontend.NewMemory(vhostMemory)
+	if err != nil {
+		return nil, err
+	}
+	defer guestMem.Close()
 	// The targets, in allTargets order.
 	var targets []target
 	defer func() {
@@ -426,23 +438,27 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		case targetQSD:
 			t, err = newQSD(ctx, work, o.size)
 		case targetQSDVhost:
-			t, err = newQSDVhost(ctx, work, o.size)
+			t, err = newQSDVhost(ctx, work, o.size, guestMem)
 		case targetRawUring:
 			t, err = newRawUring(filepath.Join(work, "raw.img"), o.size)
 		case targetVhost:
 			if o.vhostSocket != "" {
-				t, err = newVhostExisting(o.vhostSocket, o.vhostFile, o.size, o.serverPID)
+				t, err = newVhostExisting(o.vhostSocket, o.vhostFile, o.size, o.serverPID, guestMem)
 			} else {
 				vdisk, lerr := lookPath(o.vdisk)
 				if lerr != nil {
 					err = fmt.Errorf("%w: %s: %v", errMissing, o.vdisk, lerr)
 					break
 				}
-				t, err = newVhostDaemon(ctx, vdisk, work, o.size)
+				t, err = newVhostDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk, Vhost: true}, work, o.size, guestMem)
 			}
 		default:
 			i := slices.IndexFunc(o.binaries, func(b binarySpec) bool { return b.Name == name })
-			t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
+			if o.binaries[i].Vhost {
+				t, err = newVhostDaemon(ctx, o.binaries[i], work, o.size, guestMem)
+			} else {
+				t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("setting up %s: %w%s", name, err, mountHint(err))

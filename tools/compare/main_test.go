@@ -51,12 +51,16 @@ func TestParseBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := parseBinary("old=" + exe)
-	if err != nil || b.Name != "old" || b.Path != exe {
-		t.Errorf("old=%s: %+v, %v", exe, b, err)
+	b, err := parseBinary("--binary", "old="+exe)
+	if err != nil || b.Name != "old" || b.Path != exe || b.Vhost {
+		t.Errorf("--binary old=%s: %+v, %v", exe, b, err)
 	}
-	for _, bad := range []string{"old", "=x", "old=", "raw=" + exe, "qsd=" + exe, "a,b=" + exe, "x=/nonexistent/vdisk", "x=" + t.TempDir()} {
-		if _, err := parseBinary(bad); err == nil {
+	b, err = parseBinary("--vhost-binary", "old="+exe)
+	if err != nil || b.Name != "old" || b.Path != exe || !b.Vhost {
+		t.Errorf("--vhost-binary old=%s: %+v, %v", exe, b, err)
+	}
+	for _, bad := range []string{"old", "=x", "old=", "raw=" + exe, "qsd=" + exe, "vhost=" + exe, "a,b=" + exe, "a/b=" + exe, "x=/nonexistent/vdisk", "x=" + t.TempDir()} {
+		if _, err := parseBinary("--binary", bad); err == nil {
 			t.Errorf("parseBinary(%q) accepted", bad)
 		}
 	}

@@ -78,8 +78,8 @@ func (d *Device) Reconnect() error {
 	}
 }
 
-// Close disconnects and frees the guest memory; the queues and buffers
-// are gone with it.
+// Close disconnects and frees the guest memory (unless shared:
+// Options.Memory); the queues and buffers are gone with it.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -94,6 +94,9 @@ func (d *Device) Close() error {
 	if d.inflight.fd >= 0 {
 		unix.Close(d.inflight.fd)
 		d.inflight.fd = -1
+	}
+	if !d.ownMem {
+		return nil
 	}
 	return d.mem.close()
 }

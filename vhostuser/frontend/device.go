@@ -16,11 +16,14 @@ import (
 
 // Options configure a Device.
 type Options struct {
-	Socket      string // the backend's Unix socket
-	MemSize     int64  // guest memory bytes (default 64 MiB)
-	Queues      int    // queues to set up (0: as many as the device offers)
-	QueueSize   int    // descriptors per queue, a power of two from 4 (default 256)
-	MaxSegments int    // data segments per request with indirect descriptors (default 32)
+	Socket  string // the backend's Unix socket
+	MemSize int64  // guest memory bytes (default 64 MiB)
+	// Memory is guest memory shared with other devices (NewMemory), used
+	// instead of memory of the device's own (MemSize is then ignored).
+	Memory      *Memory
+	Queues      int // queues to set up (0: as many as the device offers)
+	QueueSize   int // descriptors per queue, a power of two from 4 (default 256)
+	MaxSegments int // data segments per request with indirect descriptors (default 32)
 	// Turn off features the frontend otherwise negotiates when offered.
 	NoIndirect, NoEventIdx, NoInflight, NoBackendReq bool
 	// ReconnectTimeout bounds how long Reconnect re-dials (default 30s);
@@ -70,6 +73,7 @@ func (o Options) wants() (features, protocol uint64) {
 type Device struct {
 	opts     Options
 	mem      *memory
+	ownMem   bool   // mem is the device's own, closed with it
 	features uint64 // acked virtio features
 	protocol uint64 // acked protocol features
 	replyAck bool   // REPLY_ACK is on in the current session
@@ -123,11 +127,16 @@ func Dial(opts Options) (*Device, error) {
 	if !proto.ValidQueueSize(opts.QueueSize) || opts.QueueSize < 4 {
 		return nil, fmt.Errorf("queue size %d: want a power of two from 4 to %d", opts.QueueSize, proto.MaxQueueSize)
 	}
-	mem, err := newMemory(opts.MemSize)
-	if err != nil {
-		return nil, err
+	d := &Device{opts: opts, configChanges: make(chan struct{}, 1)}
+	if opts.Memory != nil {
+		d.mem = opts.Memory.m
+	} else {
+		mem, err := newMemory(opts.MemSize)
+		if err != nil {
+			return nil, err
+		}
+		d.mem, d.ownMem = mem, true
 	}
-	d := &Device{opts: opts, mem: mem, configChanges: make(chan struct{}, 1)}
 	d.inflight.fd = -1
 	s, err := d.connect()
 	if err != nil {

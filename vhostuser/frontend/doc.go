@@ -7,7 +7,8 @@
 // RING_INDIRECT_DESC and the virtio-blk features it knows when offered,
 // and the protocol features MQ, CONFIG (required), REPLY_ACK,
 // INFLIGHT_SHMFD and BACKEND_REQ; it shares guest memory as one memfd
-// mapped at guest physical address 0 (SET_MEM_TABLE), reads the config
+// mapped at guest physical address 0 (SET_MEM_TABLE) — its own, or a
+// Memory several devices share (Options.Memory) —, reads the config
 // space, gets the inflight region, and sets up split virtqueues with kick
 // and call eventfds, all enabled.
 //

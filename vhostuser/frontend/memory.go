@@ -24,6 +24,28 @@ func (b Buffer) Slice(off, n int) Buffer {
 	return Buffer{Addr: b.Addr + uint64(off), Bytes: b.Bytes[off : off+n]}
 }
 
+// Memory is guest memory several devices share (Options.Memory): each
+// backend maps the same memfd, so a buffer at a given guest address is
+// the same pages whichever device it is handed to (a 1 MiB buffer on
+// physically scattered pages may cost a backing device two requests
+// instead of one: devices compared on shared memory compare on the same
+// pages). Devices allocate from it as from their own. Close it after
+// every device that uses it.
+type Memory struct{ m *memory }
+
+// NewMemory returns size bytes of guest memory (a multiple of the page
+// size).
+func NewMemory(size int64) (*Memory, error) {
+	m, err := newMemory(size)
+	if err != nil {
+		return nil, err
+	}
+	return &Memory{m: m}, nil
+}
+
+// Close unmaps the memory and closes its memfd.
+func (m *Memory) Close() error { return m.m.close() }
+
 // memory is the guest's RAM: one memfd mapped shared at guest physical
 // address 0, handed to the backend in SET_MEM_TABLE, and a first-fit
 // allocator over it.
