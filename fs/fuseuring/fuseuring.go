@@ -64,7 +64,7 @@
 //
 // Payload buffers are page-aligned mmap memory, so O_DIRECT backend I/O
 // needs no copy on either path, backed by transparent huge pages where the
-// kernel offers them (MADV_HUGEPAGE). Two costs of a large request follow
+// kernel offers them (internal/hugepage). Two costs of a large request follow
 // the buffer's pages: the kernel copies a WRITE's payload into the buffer
 // pinning it a page at a time, and the backing I/O out of it takes a
 // segment per physically contiguous piece. With 4 KiB pages a 1 MiB write
@@ -99,6 +99,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vdiskfs/vdiskfs/door"
+	"github.com/vdiskfs/vdiskfs/internal/hugepage"
 	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
 
@@ -425,14 +426,16 @@ func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) 
 		unix.Close(q.efd)
 		return nil, fmt.Errorf("map headers: %w", err)
 	}
-	if q.payload, err = mapPayload(depth * payloadSize); err != nil {
+	// Payload buffers on transparent huge pages (see the package doc: a
+	// large request's copy and its backing I/O cost less on them).
+	if q.payload, err = hugepage.Map(depth * payloadSize); err != nil {
 		unix.Munmap(q.headers)
 		unix.Close(q.efd)
 		return nil, fmt.Errorf("map payload buffers: %w", err)
 	}
 	if t.io != nil {
 		if q.cq, err = t.io.NewCompletions(); err != nil {
-			unix.Munmap(q.payload)
+			hugepage.Unmap(q.payload)
 			unix.Munmap(q.headers)
 			unix.Close(q.efd)
 			return nil, err
@@ -489,26 +492,13 @@ func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) 
 // wake-up per request.
 func ownerCPU(qid, nq int) int { return (qid + 1) % nq }
 
-// mapPayload maps n bytes of page-aligned memory for payload buffers, on
-// transparent huge pages if the kernel has them (see the package doc: a
-// large request's copy and its backing I/O cost less on them); without,
-// 4 KiB pages work too.
-func mapPayload(n int) ([]byte, error) {
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return nil, err
-	}
-	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // EINVAL without THP: a hint only
-	return b, nil
-}
-
 // own is the owner goroutine of the queue.
 func (q *queue) own(started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
 	defer close(q.exited)
 	defer close(q.work)
 	defer func() {
-		unix.Munmap(q.payload)
+		hugepage.Unmap(q.payload)
 		unix.Munmap(q.headers)
 	}()
 	if q.cq != nil {
