@@ -28,7 +28,9 @@
 //
 // A Plan and a Completions belong to one submission loop (a queue's owner
 // thread): none of their methods may be called from two goroutines at
-// once, and none of them blocks.
+// once, and none of them blocks. A request whose I/O has all completed may
+// be handed over whole to another goroutine to end (EndBytes), which then
+// owns it until the request is ended.
 package door
 
 import "github.com/vdiskfs/vdiskfs/internal/iouring"
@@ -55,6 +57,12 @@ type Plan interface {
 	// Bytes is what the request covers once every I/O has transferred
 	// in full: the byte count of its reply.
 	Bytes() int
+	// EndBytes is how many bytes ending the request processes after its
+	// I/O (an encrypted disk's read is decrypted then); 0 for none. A
+	// door may end a request with many on another goroutine than its
+	// loop's, handing the request over whole, so as not to hold up the
+	// loop's other requests.
+	EndBytes() int
 }
 
 // Completions is one submission loop's completion queue on a backend

@@ -626,6 +626,17 @@ func (pl *IOPlan) Finish() {
 	pl.release()
 }
 
+// FinishBytes is how many bytes Finish processes beyond bookkeeping: the
+// blocks it decrypts, for a read of an encrypted disk; 0 otherwise. Finish
+// may run on another goroutine than the plan's, handed the plan whole, to
+// spread that work (door.Plan.EndBytes).
+func (pl *IOPlan) FinishBytes() int {
+	if pl.ciph == nil {
+		return 0
+	}
+	return len(pl.data)
+}
+
 // Abort ends a plan one of whose I/O failed: it counts the backend error
 // and releases the plan without counting the request, returning the
 // blocks a write was given. (A failed write may have changed some of its

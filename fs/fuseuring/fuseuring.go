@@ -53,6 +53,12 @@
 // woken for such a request; 4 KiB random reads and writes cost the server
 // a third of the CPU they cost through a worker.
 //
+// A request whose end is much work (door.Plan.EndBytes, workerEnd: the
+// decryption of a large read of an encrypted disk) the owner hands, its
+// I/O done, to a worker, which ends it and queues its reply like any
+// worker's: meanwhile the owner goes on reaping and submitting the other
+// requests' I/O, and the work runs on whichever CPU is free.
+//
 // Every other request (and one whose backing I/O failed or came back
 // short) goes to one of the queue's long-lived worker goroutines, which
 // runs it through go-fuse's ProtocolServer (the same RawFileSystem as the
@@ -151,6 +157,13 @@ const (
 	// of a sequential stream into larger device requests.
 	smallIO    = 64 << 10
 	smallGroup = 4
+
+	// workerEnd: a request whose end processes at least this many bytes
+	// (door.Plan.EndBytes: the decryption of an encrypted disk's read) is
+	// ended by a worker, not the owner, so that the owner goes on feeding
+	// the device and the ring while it runs, and the work spreads over
+	// the CPUs. Below it the hand-off costs more than the work.
+	workerEnd = 64 << 10
 
 	writeOutSize = 8 // struct fuse_write_out
 
@@ -413,6 +426,11 @@ type entry struct {
 	io        IO
 	ioPending int
 	ioFailed  bool
+
+	// ending: the owner handed the request, its I/O done, to a worker
+	// to end (workerEnd). Set by the owner before the hand-off, cleared
+	// by the worker.
+	ending bool
 }
 
 func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) {
@@ -747,7 +765,8 @@ func (q *queue) ioDone(tag uint64, res int64) {
 }
 
 // endIO queues the reply to an owner's request whose backing I/O is all
-// done, or hands the request to a worker if any failed.
+// done, or hands the request to a worker if any failed, or to end it if
+// that is much work (workerEnd).
 func (q *queue) endIO(e *entry) {
 	if e.ioFailed {
 		e.io.End(false)
@@ -755,6 +774,20 @@ func (q *queue) endIO(e *entry) {
 		q.toWorker(e)
 		return
 	}
+	if e.io.Plan().EndBytes() >= workerEnd {
+		e.ending = true
+		q.toWorker(e)
+		return
+	}
+	e.endReply()
+	q.replies = append(q.replies, e)
+}
+
+// endReply ends an owner's request whose backing I/O all completed in
+// full and writes its reply into the entry, ready to commit. Its caller
+// owns e: the owner, or the worker it handed e to.
+func (e *entry) endReply() {
+	q := e.q
 	n := e.io.Plan().Bytes()
 	e.io.End(true)
 	hdr := e.hdr
@@ -771,7 +804,6 @@ func (q *queue) endIO(e *entry) {
 		Length: uint32(outHeaderSize + payloadSz), Unique: in.Unique}
 	(*entInOut)(unsafe.Pointer(&hdr[entInOutOff])).payloadSz = uint32(payloadSz)
 	e.cmd = cmdCommitAndFetch
-	q.replies = append(q.replies, e)
 }
 
 // submit writes e's command (register or commit-and-fetch) into the ring.
@@ -831,8 +863,17 @@ func (q *queue) close() {
 	unix.Close(q.efd)
 }
 
-// handle runs the request in e and queues the reply.
+// handle runs the request in e and queues the reply; or, for a request
+// the owner served and handed over to end (ending), ends it and queues
+// its reply.
 func (e *entry) handle() {
+	if e.ending {
+		e.ending = false
+		e.endReply()
+		e.q.commit(e)
+		e.q.handlers.Done()
+		return
+	}
 	hdr := e.hdr
 	in := (*fuse.InHeader)(unsafe.Pointer(&hdr[0]))
 	io := (*entInOut)(unsafe.Pointer(&hdr[entInOutOff]))
