@@ -29,8 +29,8 @@
 // A Plan and a Completions belong to one submission loop (a queue's owner
 // thread): none of their methods may be called from two goroutines at
 // once, and none of them blocks. A request whose I/O has all completed may
-// be handed over whole to another goroutine to end (EndBytes), which then
-// owns it until the request is ended.
+// be handed over whole to another goroutine to end (CipherBytes), which
+// then owns it until the request is ended.
 package door
 
 import "github.com/vdiskfs/vdiskfs/internal/iouring"
@@ -57,12 +57,13 @@ type Plan interface {
 	// Bytes is what the request covers once every I/O has transferred
 	// in full: the byte count of its reply.
 	Bytes() int
-	// EndBytes is how many bytes ending the request processes after its
-	// I/O (an encrypted disk's read is decrypted then); 0 for none. A
-	// door may end a request with many on another goroutine than its
-	// loop's, handing the request over whole, so as not to hold up the
-	// loop's other requests.
-	EndBytes() int
+	// CipherBytes is how many bytes of the request the store encrypts
+	// or decrypts (0 on a plain disk): a write's were encrypted when it
+	// was planned, a read's are decrypted when it ends. That takes the
+	// loop's time from its other requests: a door may end such a read
+	// on another goroutine than its loop's, handing the request over
+	// whole.
+	CipherBytes() int
 }
 
 // Completions is one submission loop's completion queue on a backend

@@ -45,7 +45,7 @@ func (o ownerIO) NewIO(cq door.Completions) fuseuring.IO {
 }
 
 // ownerRequest is one ring entry's request; only its queue's owner uses
-// it, or the worker the owner hands it over to for End (door.Plan.EndBytes).
+// it, or the worker the owner hands it over to for End (door.Plan.CipherBytes).
 type ownerRequest struct {
 	v     *vfs
 	timed *timedFS

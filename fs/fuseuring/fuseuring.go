@@ -53,11 +53,12 @@
 // woken for such a request; 4 KiB random reads and writes cost the server
 // a third of the CPU they cost through a worker.
 //
-// A request whose end is much work (door.Plan.EndBytes, workerEnd: the
-// decryption of a large read of an encrypted disk) the owner hands, its
-// I/O done, to a worker, which ends it and queues its reply like any
-// worker's: meanwhile the owner goes on reaping and submitting the other
-// requests' I/O, and the work runs on whichever CPU is free.
+// A large read of an encrypted disk (door.Plan.CipherBytes, bigCipher
+// bytes and more) the owner hands, its I/O done, to a worker, which
+// decrypts it and queues its reply like any worker's: meanwhile the owner
+// goes on reaping and submitting the other requests' I/O, and the
+// decryption runs on whichever CPU is free. (A write is encrypted as it
+// is planned, on the owner.)
 //
 // Every other request (and one whose backing I/O failed or came back
 // short) goes to one of the queue's long-lived worker goroutines, which
@@ -158,12 +159,12 @@ const (
 	smallIO    = 64 << 10
 	smallGroup = 4
 
-	// workerEnd: a request whose end processes at least this many bytes
-	// (door.Plan.EndBytes: the decryption of an encrypted disk's read) is
-	// ended by a worker, not the owner, so that the owner goes on feeding
-	// the device and the ring while it runs, and the work spreads over
-	// the CPUs. Below it the hand-off costs more than the work.
-	workerEnd = 64 << 10
+	// bigCipher: a read of an encrypted disk with at least this many
+	// bytes to decrypt (door.Plan.CipherBytes) is ended (decrypted) by a
+	// worker, not the owner, so that the owner goes on feeding the device
+	// and the ring while it runs, and the work spreads over the CPUs.
+	// Below it the hand-off costs more than the work.
+	bigCipher = 64 << 10
 
 	writeOutSize = 8 // struct fuse_write_out
 
@@ -428,7 +429,7 @@ type entry struct {
 	ioFailed  bool
 
 	// ending: the owner handed the request, its I/O done, to a worker
-	// to end (workerEnd). Set by the owner before the hand-off, cleared
+	// to end (bigCipher). Set by the owner before the hand-off, cleared
 	// by the worker.
 	ending bool
 }
@@ -766,7 +767,7 @@ func (q *queue) ioDone(tag uint64, res int64) {
 
 // endIO queues the reply to an owner's request whose backing I/O is all
 // done, or hands the request to a worker if any failed, or to end it if
-// that is much work (workerEnd).
+// that is much work (bigCipher).
 func (q *queue) endIO(e *entry) {
 	if e.ioFailed {
 		e.io.End(false)
@@ -774,7 +775,7 @@ func (q *queue) endIO(e *entry) {
 		q.toWorker(e)
 		return
 	}
-	if e.io.Plan().EndBytes() >= workerEnd {
+	if in := (*fuse.InHeader)(unsafe.Pointer(&e.hdr[0])); in.Opcode == opRead && e.io.Plan().CipherBytes() >= bigCipher {
 		e.ending = true
 		q.toWorker(e)
 		return
