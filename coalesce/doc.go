@@ -2,8 +2,8 @@
 // buffers. It keeps large I/O large: a request for a byte range of a virtual
 // disk becomes as few backend I/Os as the physical layout allows.
 //
-// It is pure: no I/O, no locks (beyond those inside sync.Pool), no knowledge
-// of disks or stores. The image package asks blockmap where a range lives and
+// Its arithmetic is pure: no I/O, no locks, no knowledge of disks or
+// stores; only the Pool holds state. The image package asks blockmap where a range lives and
 // asks coalesce how to read or write it.
 //
 // # Byte ranges to blocks: Split and BlockRange
@@ -52,12 +52,41 @@
 // allocate per request. Requests above the maximum are allocated directly
 // and dropped on Put.
 //
+// Classes from 64 KiB up come from slabs: 2 MiB-aligned anonymous mappings
+// advised for transparent huge pages (internal/hugepage), carved into
+// buffers of the class size. The block layer takes one segment per
+// physically contiguous piece of a buffer, and a virtio-blk device takes
+// at most max_segments (254) per request: a 1 MiB buffer on the heap's
+// 4 KiB pages is 256 pieces, and the device gets each such write as two
+// requests or more, while on a huge page it is one. Writes to encrypted
+// disks always go from a pool buffer (their ciphertext), so this is what
+// keeps them as large at the device as plain writes from FUSE's payload
+// buffers. Smaller classes stay on sync.Pool and the Go heap.
+//
+// Slab invariants:
+//   - A slab belongs to one class and is max(class size, 2 MiB) long; its
+//     buffers start at multiples of the class size from the slab's start.
+//   - A slab buffer is either on its class's free list or handed out,
+//     never both; Put takes back only a buffer that starts where one of
+//     its class's slabs carved one, and drops anything else of a slab
+//     class (a heap buffer from past the limit) for the garbage collector.
+//   - The pool maps at most its slab limit (DefaultSlabLimit) in all;
+//     past it, Get allocates on the heap. Slabs are kept until Close (or
+//     until the garbage collector finds the pool unreachable), so the
+//     pool holds its peak use, at most the limit.
+//   - Close unmaps the slabs only when no slab buffer is out; otherwise
+//     it leaves them mapped and says so, since unmapping memory in use
+//     would fault.
+//
 // # Concurrency
 //
 // Split, BlockRange, Runs and the arithmetic helpers are pure functions and
 // safe to call from any number of goroutines. A Pool is safe for concurrent
-// use. A buffer belongs to whoever got it until it is handed back with Put;
-// it must not be used after that.
+// use: heap classes through sync.Pool, slab classes under the pool's one
+// mutex (held for a free-list operation or while a slab is mapped, never
+// across I/O, and no other lock is taken under it). A buffer belongs to
+// whoever got it until it is handed back with Put; it must not be used
+// after that.
 //
 // # Contract violations
 //

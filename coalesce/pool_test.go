@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/vdiskfs/vdiskfs/internal/hugepage"
 )
 
 const testMax = 1 << 20 // the pool size used by these tests: FUSE's MaxWrite
@@ -200,4 +202,101 @@ func BenchmarkPoolGetPut(b *testing.B) {
 			}
 		})
 	})
+}
+
+// TestPoolSlabHugePages checks that large classes come from huge-page
+// slabs: /proc/self/smaps says a touched 1 MiB buffer's mapping has huge
+// pages behind it, so the device sees it as one segment, not 256.
+func TestPoolSlabHugePages(t *testing.T) {
+	if !hugepage.Available() {
+		t.Skip("no transparent huge pages on this kernel")
+	}
+	p := NewPool(testMax)
+	defer closePool(t, p)
+	b := p.Get(testMax)
+	defer p.Put(b)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	m, err := hugepage.Lookup(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.THPEligible || m.AnonHugePages == 0 {
+		t.Errorf("1 MiB pool buffer at %p: %+v, want THP-eligible with huge pages", &b[0], m)
+	}
+}
+
+// TestPoolSlabLimit checks the bound on slab memory: past the limit Get
+// still serves (from the heap), Put keeps only slab buffers, the pool maps
+// no more than the limit, and every buffer handed out at once is distinct.
+func TestPoolSlabLimit(t *testing.T) {
+	p := NewPool(4 << 20)
+	p.slabs.limit = 2 * hugepage.Size
+	defer closePool(t, p)
+	var held [][]byte
+	for _, n := range []int{1 << 20, 1 << 20, 1 << 20, 64 << 10, 4 << 20, 1 << 20, 1 << 20} {
+		b := p.Get(n)
+		if len(b) != n || !IsAligned(b) || cap(b) != classSizeFor(n) {
+			t.Fatalf("Get(%d): len %d cap %d aligned %v", n, len(b), cap(b), IsAligned(b))
+		}
+		for i := range b {
+			b[i] = byte(len(held))
+		}
+		held = append(held, b)
+	}
+	for i, b := range held {
+		for j := 0; j < len(b); j += 4096 {
+			if b[j] != byte(i) {
+				t.Fatalf("buffer %d: byte %d is %d: handed out twice", i, j, b[j])
+			}
+		}
+	}
+	p.slabs.mu.Lock()
+	mapped, out := p.slabs.mu.mapped, p.slabs.mu.out
+	p.slabs.mu.Unlock()
+	if mapped > p.slabs.limit || out == 0 || out == len(held) {
+		t.Errorf("mapped %d (limit %d), %d of %d buffers from slabs; want within the limit, some from slabs and some not", mapped, p.slabs.limit, out, len(held))
+	}
+	for _, b := range held {
+		p.Put(b)
+	}
+	p.slabs.mu.Lock()
+	out = p.slabs.mu.out
+	p.slabs.mu.Unlock()
+	if out != 0 {
+		t.Errorf("%d slab buffers out after every Put", out)
+	}
+}
+
+// TestPoolClose checks that Close unmaps nothing while a slab buffer is
+// out, and unmaps everything once it is back; Get still serves afterwards.
+func TestPoolClose(t *testing.T) {
+	p := NewPool(testMax)
+	b := p.Get(testMax)
+	if err := p.Close(); err == nil {
+		t.Error("Close with a buffer out succeeded")
+	}
+	b[0], b[len(b)-1] = 1, 2 // still mapped
+	p.Put(b)
+	closePool(t, p)
+	p.slabs.mu.Lock()
+	mapped := p.slabs.mu.mapped
+	p.slabs.mu.Unlock()
+	if mapped != 0 {
+		t.Errorf("%d bytes mapped after Close", mapped)
+	}
+	b = p.Get(testMax)
+	if len(b) != testMax || !IsAligned(b) {
+		t.Errorf("Get after Close: len %d aligned %v", len(b), IsAligned(b))
+	}
+	b[0], b[len(b)-1] = 1, 2
+	p.Put(b)
+}
+
+func closePool(t *testing.T, p *Pool) {
+	t.Helper()
+	if err := p.Close(); err != nil {
+		t.Error(err)
+	}
 }

@@ -28,7 +28,9 @@
 //
 // A Plan and a Completions belong to one submission loop (a queue's owner
 // thread): none of their methods may be called from two goroutines at
-// once, and none of them blocks.
+// once, and none of them blocks. A request whose I/O has all completed may
+// be handed over whole to another goroutine to end (CipherBytes), which
+// then owns it until the request is ended.
 package door
 
 import "github.com/vdiskfs/vdiskfs/internal/iouring"
@@ -55,6 +57,13 @@ type Plan interface {
 	// Bytes is what the request covers once every I/O has transferred
 	// in full: the byte count of its reply.
 	Bytes() int
+	// CipherBytes is how many bytes of the request the store encrypts
+	// or decrypts (0 on a plain disk): a write's were encrypted when it
+	// was planned, a read's are decrypted when it ends. That takes the
+	// loop's time from its other requests: a door may end such a read
+	// on another goroutine than its loop's, handing the request over
+	// whole.
+	CipherBytes() int
 }
 
 // Completions is one submission loop's completion queue on a backend

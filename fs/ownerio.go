@@ -44,7 +44,8 @@ func (o ownerIO) NewIO(cq door.Completions) fuseuring.IO {
 	return &ownerRequest{v: o.v, timed: o.timed, plan: storeplan.NewPlan(cq)}
 }
 
-// ownerRequest is one ring entry's request; only its queue's owner uses it.
+// ownerRequest is one ring entry's request; only its queue's owner uses
+// it, or the worker the owner hands it over to for End (door.Plan.CipherBytes).
 type ownerRequest struct {
 	v     *vfs
 	timed *timedFS

@@ -13,7 +13,10 @@ import (
 	"github.com/ncw/directio"
 	"golang.org/x/sys/unix"
 
+	"github.com/vdiskfs/vdiskfs/crypt"
+	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
 // TestOwnerIO: on the io_uring transport, the READs and WRITEs the queue
@@ -28,12 +31,7 @@ import (
 // WRITE was served by an owner, so it also guards the node-id mapping
 // (ExternalNodeID).
 func TestOwnerIO(t *testing.T) {
-	requireFUSE(t)
-	requireIOURing(t)
-	tc := newTestCase(t, withMountOptions(Options{Transport: TransportIOURing}))
-	if tc.srv.ring == nil {
-		t.Fatalf("mount serves over %q, want io_uring", tc.srv.Transport())
-	}
+	tc := newRingTestCase(t)
 	const (
 		bs     = 4096
 		blocks = 4096 // a 16 MiB disk
@@ -156,13 +154,7 @@ func TestOwnerIO(t *testing.T) {
 			}
 		})
 	}
-	readers.Wait()
-	stop.Store(true)
-	churn.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+	stopChurn(t, &readers, &churn, &stop, errs)
 	reads, writes := tc.srv.ring.OwnerIO()
 	reads, writes = reads-reads0, writes-writes0
 	t.Logf("queue owners served %d READs and %d WRITEs", reads, writes)
@@ -218,6 +210,32 @@ func TestOwnerIO(t *testing.T) {
 	tail := directio.AlignedBlock(2 * bs)
 	if n, _ := df.ReadAt(tail, (blocks-1)*bs); n != bs+100 || !bytes.Equal(tail[bs:bs+100], make([]byte, 100)) {
 		t.Fatalf("read across the end: %d bytes, want %d, zeros past the old end", n, bs+100)
+	}
+}
+
+// newRingTestCase is a mount on the io_uring transport, whose queue owners
+// serve READs and WRITEs themselves.
+func newRingTestCase(t *testing.T) *testCase {
+	t.Helper()
+	requireFUSE(t)
+	requireIOURing(t)
+	tc := newTestCase(t, withMountOptions(Options{Transport: TransportIOURing}))
+	if tc.srv.ring == nil {
+		t.Fatalf("mount serves over %q, want io_uring", tc.srv.Transport())
+	}
+	return tc
+}
+
+// stopChurn waits for the readers, then stops the churners and waits for
+// them, and fails t with every error any of them sent on errs.
+func stopChurn(t *testing.T, readers, churn *sync.WaitGroup, stop *atomic.Bool, errs chan error) {
+	t.Helper()
+	readers.Wait()
+	stop.Store(true)
+	churn.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
 
@@ -343,5 +361,93 @@ func TestOwnerIOAsync(t *testing.T) {
 		t.Error("no owner request was retried by a worker while every started I/O failed")
 	} else {
 		t.Logf("%d owner requests retried by a worker", got)
+	}
+}
+
+// TestOwnerIOEncrypted: on the io_uring transport, the queue owners serve
+// an encrypted disk's READs and WRITEs, and hand each large read, its I/O
+// done, to a worker that decrypts it and replies (fuseuring's bigCipher).
+// Many concurrent 1 MiB and 128 KiB O_DIRECT reads, more than a queue
+// has entries, must read what was written, while a writer overwrites
+// blocks of the upper half with stamps: a churned block reads either as
+// first written or as one whole stamp, never torn (the range stays held
+// until the worker has decrypted). It fails if no READ was served by an
+// owner.
+func TestOwnerIOEncrypted(t *testing.T) {
+	tc := newRingTestCase(t)
+	key, err := crypt.KeyFileSecret(bytes.Repeat([]byte{9}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer key.Close()
+	const (
+		bs     = 4096
+		blocks = 4096 // a 16 MiB disk
+		stable = blocks / 2
+	)
+	if _, err := tc.srv.CreateEncrypted("e.raw", blocks*bs, image.Attr{Mode: 0o600}, key); err != nil {
+		t.Fatal(err)
+	}
+	df, err := directio.OpenFile(tc.path("e.raw"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer df.Close()
+	want := func(b int64) byte { return byte(b%127 + 1) } // below every stamp
+	buf := directio.AlignedBlock(1 << 20)
+	for off := int64(0); off < blocks*bs; off += int64(len(buf)) {
+		for i := range buf {
+			buf[i] = want((off + int64(i)) / bs)
+		}
+		if _, err := df.WriteAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads0, _ := tc.srv.ring.OwnerIO()
+
+	seed := testutil.Seed(t)
+	var stop atomic.Bool
+	errs := make(chan error, 64)
+	var churn, readers sync.WaitGroup
+	churn.Go(func() {
+		p := directio.AlignedBlock(64 << 10)
+		r := rand.New(rand.NewPCG(seed, 1))
+		for !stop.Load() {
+			fillStamp(p)
+			if _, err := df.WriteAt(p, (stable+r.Int64N(blocks-stable-16))*bs); err != nil {
+				errs <- fmt.Errorf("write: %w", err)
+				return
+			}
+		}
+	})
+	for g := range 24 {
+		readers.Go(func() {
+			size := 1 << 20
+			if g%3 == 0 {
+				size = 128 << 10
+			}
+			p := directio.AlignedBlock(size)
+			r := rand.New(rand.NewPCG(seed, uint64(g)+2))
+			for range 40 {
+				b := r.Int64N(blocks - int64(size/bs) + 1)
+				if _, err := df.ReadAt(p, b*bs); err != nil {
+					errs <- fmt.Errorf("read %d at block %d: %w", size, b, err)
+					return
+				}
+				for i := 0; i < size; i += bs {
+					blk, got := b+int64(i/bs), p[i:i+bs]
+					if !allBytes(got, want(blk)) && (blk < stable || !isStamp(got)) {
+						errs <- fmt.Errorf("block %d reads %x..., want %x throughout (or a stamp past block %d)", blk, got[:8], want(blk), stable)
+						return
+					}
+				}
+			}
+		})
+	}
+	stopChurn(t, &readers, &churn, &stop, errs)
+	reads, _ := tc.srv.ring.OwnerIO()
+	t.Logf("queue owners served %d READs of the encrypted disk", reads-reads0)
+	if reads == reads0 {
+		t.Error("no READ of the encrypted disk was served by a queue owner")
 	}
 }

@@ -84,7 +84,10 @@ type IOPlan struct {
 	// data (the blocks read: p's or the bounce buffer's); nil otherwise.
 	ciph *crypt.Cipher
 	data []byte
-	raw  bool // planMode.raw: a raw write does not grow the disk
+	// cipherBytes is how many bytes the plan encrypts or decrypts
+	// (CipherBytes).
+	cipherBytes int
+	raw         bool // planMode.raw: a raw write does not grow the disk
 }
 
 // BackingIO is one I/O of an IOPlan: len(Buf) bytes at Off of the backing.
@@ -438,6 +441,7 @@ func (d *disk) encrypt(pl *IOPlan, r *request, m planMode, buf []byte, segs []bl
 	if r.ciph == nil {
 		return
 	}
+	pl.cipherBytes = int(r.count * d.s.bs)
 	if !m.write {
 		pl.ciph, pl.data = r.ciph, buf
 		return
@@ -625,6 +629,13 @@ func (pl *IOPlan) Finish() {
 	}
 	pl.release()
 }
+
+// CipherBytes is how many bytes of the plan's blocks the store encrypts
+// or decrypts: a write's, encrypted when it was planned; a read's, which
+// Finish decrypts. 0 on a plain disk. Finish may run on another goroutine
+// than the plan's, handed the plan whole, to spread that work
+// (door.Plan.CipherBytes).
+func (pl *IOPlan) CipherBytes() int { return pl.cipherBytes }
 
 // Abort ends a plan one of whose I/O failed: it counts the backend error
 // and releases the plan without counting the request, returning the

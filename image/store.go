@@ -206,6 +206,7 @@ func Format(be backend.Backend, fo FormatOptions) error {
 	}
 	// The first checkpoint is empty: no disks, everything free but itself.
 	s := &Store{be: be, bs: bs, dataOff: int64(dataOff), uuid: sb.UUID, pool: coalesce.NewPool(maxRunBytes), log: logrus.StandardLogger()}
+	defer s.closePool()
 	s.stats.init()
 	s.sb = sb
 	s.mu.alloc = placement.NewAllocator(sb.DataBlocks)
@@ -343,7 +344,7 @@ func alignedPage(buf []byte, n int) []byte {
 // a store with fatal findings; opened read-write, it then zeroes what a
 // crash left past the end of a disk in its last block (zeroStaleTails).
 // The store takes ownership of be.
-func Open(be backend.Backend, opts Options) (*Store, error) {
+func Open(be backend.Backend, opts Options) (_ *Store, err error) {
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
 	}
@@ -387,6 +388,11 @@ func Open(be backend.Backend, opts Options) (*Store, error) {
 		openFindings: findings,
 		sb:           *sb,
 	}
+	defer func() {
+		if err != nil {
+			s.closePool() // a store that failed to open holds no buffer
+		}
+	}()
 	s.stats.init()
 	s.mu.disks = make(map[uint64]*disk)
 	s.mu.names = make(map[string]*disk)
@@ -502,10 +508,20 @@ func (s *Store) Close() error {
 	if cerr := s.be.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close backing: %w", cerr)
 	}
+	s.closePool()
 	if err == nil && failed != nil {
 		err = failed
 	}
 	return err
+}
+
+// closePool gives back the buffer pool's memory once the store does no
+// more I/O. A buffer still out (a bug, not a data error) keeps the pool's
+// memory mapped, which is logged.
+func (s *Store) closePool() {
+	if err := s.pool.Close(); err != nil {
+		s.log.WithError(err).Warn("buffer pool: memory left mapped")
+	}
 }
 
 // fail poisons the store after a failed flush or metadata write: every later

@@ -41,6 +41,7 @@ func (p *Plan) Async() bool                   { return p.IOPlan.Async() }
 func (p *Plan) Start(i int, tag uint64) error { return p.IOPlan.Start(i, tag) }
 func (p *Plan) Do(i int) error                { return p.IOPlan.Do(i) }
 func (p *Plan) Bytes() int                    { return p.IOPlan.N }
+func (p *Plan) CipherBytes() int              { return p.IOPlan.CipherBytes() }
 
 // PrepareSQE puts the i-th I/O on the door's ring when the store's backend
 // takes it there (a file or a block device).

@@ -53,6 +53,13 @@
 // woken for such a request; 4 KiB random reads and writes cost the server
 // a third of the CPU they cost through a worker.
 //
+// A large read of an encrypted disk (door.Plan.CipherBytes, bigCipher
+// bytes and more) the owner hands, its I/O done, to a worker, which
+// decrypts it and queues its reply like any worker's: meanwhile the owner
+// goes on reaping and submitting the other requests' I/O, and the
+// decryption runs on whichever CPU is free. (A write is encrypted as it
+// is planned, on the owner.)
+//
 // Every other request (and one whose backing I/O failed or came back
 // short) goes to one of the queue's long-lived worker goroutines, which
 // runs it through go-fuse's ProtocolServer (the same RawFileSystem as the
@@ -64,7 +71,7 @@
 //
 // Payload buffers are page-aligned mmap memory, so O_DIRECT backend I/O
 // needs no copy on either path, backed by transparent huge pages where the
-// kernel offers them (MADV_HUGEPAGE). Two costs of a large request follow
+// kernel offers them (internal/hugepage). Two costs of a large request follow
 // the buffer's pages: the kernel copies a WRITE's payload into the buffer
 // pinning it a page at a time, and the backing I/O out of it takes a
 // segment per physically contiguous piece. With 4 KiB pages a 1 MiB write
@@ -99,6 +106,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vdiskfs/vdiskfs/door"
+	"github.com/vdiskfs/vdiskfs/internal/hugepage"
 	"github.com/vdiskfs/vdiskfs/internal/iouring"
 )
 
@@ -150,6 +158,13 @@ const (
 	// of a sequential stream into larger device requests.
 	smallIO    = 64 << 10
 	smallGroup = 4
+
+	// bigCipher: a read of an encrypted disk with at least this many
+	// bytes to decrypt (door.Plan.CipherBytes) is ended (decrypted) by a
+	// worker, not the owner, so that the owner goes on feeding the device
+	// and the ring while it runs, and the work spreads over the CPUs.
+	// Below it the hand-off costs more than the work.
+	bigCipher = 64 << 10
 
 	writeOutSize = 8 // struct fuse_write_out
 
@@ -412,6 +427,11 @@ type entry struct {
 	io        IO
 	ioPending int
 	ioFailed  bool
+
+	// ending: the owner handed the request, its I/O done, to a worker
+	// to end (bigCipher). Set by the owner before the hand-off, cleared
+	// by the worker.
+	ending bool
 }
 
 func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) {
@@ -425,14 +445,16 @@ func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) 
 		unix.Close(q.efd)
 		return nil, fmt.Errorf("map headers: %w", err)
 	}
-	if q.payload, err = mapPayload(depth * payloadSize); err != nil {
+	// Payload buffers on transparent huge pages (see the package doc: a
+	// large request's copy and its backing I/O cost less on them).
+	if q.payload, err = hugepage.Map(depth * payloadSize); err != nil {
 		unix.Munmap(q.headers)
 		unix.Close(q.efd)
 		return nil, fmt.Errorf("map payload buffers: %w", err)
 	}
 	if t.io != nil {
 		if q.cq, err = t.io.NewCompletions(); err != nil {
-			unix.Munmap(q.payload)
+			hugepage.Unmap(q.payload)
 			unix.Munmap(q.headers)
 			unix.Close(q.efd)
 			return nil, err
@@ -489,26 +511,13 @@ func startQueue(t *Transport, qid, cpu, depth, payloadSize int) (*queue, error) 
 // wake-up per request.
 func ownerCPU(qid, nq int) int { return (qid + 1) % nq }
 
-// mapPayload maps n bytes of page-aligned memory for payload buffers, on
-// transparent huge pages if the kernel has them (see the package doc: a
-// large request's copy and its backing I/O cost less on them); without,
-// 4 KiB pages work too.
-func mapPayload(n int) ([]byte, error) {
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return nil, err
-	}
-	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // EINVAL without THP: a hint only
-	return b, nil
-}
-
 // own is the owner goroutine of the queue.
 func (q *queue) own(started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
 	defer close(q.exited)
 	defer close(q.work)
 	defer func() {
-		unix.Munmap(q.payload)
+		hugepage.Unmap(q.payload)
 		unix.Munmap(q.headers)
 	}()
 	if q.cq != nil {
@@ -757,7 +766,8 @@ func (q *queue) ioDone(tag uint64, res int64) {
 }
 
 // endIO queues the reply to an owner's request whose backing I/O is all
-// done, or hands the request to a worker if any failed.
+// done, or hands the request to a worker if any failed, or to end it if
+// that is much work (bigCipher).
 func (q *queue) endIO(e *entry) {
 	if e.ioFailed {
 		e.io.End(false)
@@ -765,6 +775,20 @@ func (q *queue) endIO(e *entry) {
 		q.toWorker(e)
 		return
 	}
+	if in := (*fuse.InHeader)(unsafe.Pointer(&e.hdr[0])); in.Opcode == opRead && e.io.Plan().CipherBytes() >= bigCipher {
+		e.ending = true
+		q.toWorker(e)
+		return
+	}
+	e.endReply()
+	q.replies = append(q.replies, e)
+}
+
+// endReply ends an owner's request whose backing I/O all completed in
+// full and writes its reply into the entry, ready to commit. Its caller
+// owns e: the owner, or the worker it handed e to.
+func (e *entry) endReply() {
+	q := e.q
 	n := e.io.Plan().Bytes()
 	e.io.End(true)
 	hdr := e.hdr
@@ -781,7 +805,6 @@ func (q *queue) endIO(e *entry) {
 		Length: uint32(outHeaderSize + payloadSz), Unique: in.Unique}
 	(*entInOut)(unsafe.Pointer(&hdr[entInOutOff])).payloadSz = uint32(payloadSz)
 	e.cmd = cmdCommitAndFetch
-	q.replies = append(q.replies, e)
 }
 
 // submit writes e's command (register or commit-and-fetch) into the ring.
@@ -839,8 +862,17 @@ func (q *queue) close() {
 	unix.Close(q.efd)
 }
 
-// handle runs the request in e and queues the reply.
+// handle runs the request in e and queues the reply; or, for a request
+// the owner served and handed over to end (ending), ends it and queues
+// its reply.
 func (e *entry) handle() {
+	if e.ending {
+		e.ending = false
+		e.endReply()
+		e.q.commit(e)
+		e.q.handlers.Done()
+		return
+	}
 	hdr := e.hdr
 	in := (*fuse.InHeader)(unsafe.Pointer(&hdr[0]))
 	io := (*entInOut)(unsafe.Pointer(&hdr[entInOutOff]))

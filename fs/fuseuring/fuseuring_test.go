@@ -1,13 +1,8 @@
 package fuseuring
 
 import (
-	"fmt"
-	"os"
-	"strings"
 	"testing"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 func TestParseCPUList(t *testing.T) {
@@ -58,40 +53,4 @@ func TestABI(t *testing.T) {
 	if inHeaderSize != 40 || outHeaderSize != 16 {
 		t.Errorf("fuse_in_header %d, fuse_out_header %d bytes; want 40, 16", inHeaderSize, outHeaderSize)
 	}
-}
-
-// TestPayloadHugePages checks that payload buffers are mapped for
-// transparent huge pages (MADV_HUGEPAGE): /proc/self/smaps says the
-// mapping is THP-eligible. Without it a 1 MiB write reached virtio-blk as
-// two requests and cost the daemon more CPU (see the package doc).
-func TestPayloadHugePages(t *testing.T) {
-	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
-	if err != nil || strings.Contains(string(mode), "[never]") {
-		t.Skipf("no transparent huge pages here (%q, %v)", mode, err)
-	}
-	b, err := mapPayload(8 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(b)
-	start := uint64(uintptr(unsafe.Pointer(&b[0])))
-	smaps, err := os.ReadFile("/proc/self/smaps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var in bool
-	for _, line := range strings.Split(string(smaps), "\n") {
-		var lo, hi uint64
-		if n, _ := fmt.Sscanf(line, "%x-%x", &lo, &hi); n == 2 && strings.Contains(line, " ") {
-			in = lo <= start && start < hi
-			continue
-		}
-		if in && strings.HasPrefix(line, "THPeligible:") {
-			if got := strings.TrimSpace(strings.TrimPrefix(line, "THPeligible:")); got != "1" {
-				t.Fatalf("payload mapping at %#x: THPeligible %s, want 1", start, got)
-			}
-			return
-		}
-	}
-	t.Fatalf("payload mapping at %#x: no THPeligible line in /proc/self/smaps", start)
 }
