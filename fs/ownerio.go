@@ -41,8 +41,18 @@ func (o ownerIO) NewCompletions() (door.Completions, error) {
 }
 
 func (o ownerIO) NewIO(cq door.Completions) fuseuring.IO {
-	return &ownerRequest{v: o.v, timed: o.timed, plan: storeplan.NewPlan(cq)}
+	p := storeplan.NewPlan(cq)
+	p.IOPlan.MaxCipherWrite = ownerMaxCipherWrite
+	return &ownerRequest{v: o.v, timed: o.timed, plan: p}
 }
+
+// ownerMaxCipherWrite is the largest write of an encrypted disk a queue's
+// owner encrypts itself; a larger one goes to a worker (image's
+// DeclineCipher), which plans, encrypts and writes it while the owner
+// goes on copying the other requests' payloads and feeding the device,
+// so the encryption of a deep queue of large writes runs on every CPU
+// instead of on the owner's alone.
+const ownerMaxCipherWrite = 32 << 10
 
 // ownerRequest is one ring entry's request; only its queue's owner uses
 // it, or the worker the owner hands it over to for End (door.Plan.CipherBytes).

@@ -365,8 +365,9 @@ func TestOwnerIOAsync(t *testing.T) {
 }
 
 // TestOwnerIOEncrypted: on the io_uring transport, the queue owners serve
-// an encrypted disk's READs and WRITEs, and hand each large read, its I/O
-// done, to a worker that decrypts it and replies (fuseuring's bigCipher).
+// an encrypted disk's READs and small WRITEs, leave its large WRITEs to
+// workers (ownerMaxCipherWrite), and hand each large read, its I/O done,
+// to a worker that decrypts it and replies (fuseuring's bigCipher).
 // Many concurrent 1 MiB and 128 KiB O_DIRECT reads, more than a queue
 // has entries, must read what was written, while a writer overwrites
 // blocks of the upper half with stamps: a churned block reads either as
@@ -394,6 +395,7 @@ func TestOwnerIOEncrypted(t *testing.T) {
 	}
 	defer df.Close()
 	want := func(b int64) byte { return byte(b%127 + 1) } // below every stamp
+	_, writes0 := tc.srv.ring.OwnerIO()
 	buf := directio.AlignedBlock(1 << 20)
 	for off := int64(0); off < blocks*bs; off += int64(len(buf)) {
 		for i := range buf {
@@ -403,7 +405,20 @@ func TestOwnerIOEncrypted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	reads0, _ := tc.srv.ring.OwnerIO()
+	reads0, writes1 := tc.srv.ring.OwnerIO()
+	if writes1 != writes0 {
+		t.Errorf("the owners served %d of the 1 MiB writes of an encrypted disk, want none", writes1-writes0)
+	}
+	small := directio.AlignedBlock(bs)
+	for i := range small {
+		small[i] = want(0)
+	}
+	if _, err := df.WriteAt(small, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, writes2 := tc.srv.ring.OwnerIO(); writes2 == writes1 {
+		t.Error("a 4 KiB write of an encrypted disk was not served by an owner")
+	}
 
 	seed := testutil.Seed(t)
 	var stop atomic.Bool

@@ -44,6 +44,9 @@ const (
 	DeclineTooManyIOs
 	// DeclineLocked: the disk is encrypted and locked (ErrLocked).
 	DeclineLocked
+	// DeclineCipher: a write of an encrypted disk larger than the plan's
+	// MaxCipherWrite.
+	DeclineCipher
 
 	numDeclines
 )
@@ -60,6 +63,7 @@ var declineNames = [numDeclines]string{
 	DeclineNoBlocks:    "no_blocks",
 	DeclineTooManyIOs:  "too_many_ios",
 	DeclineLocked:      "locked",
+	DeclineCipher:      "cipher",
 }
 
 // String is the reason's name in counters and metrics.

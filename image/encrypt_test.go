@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/ncw/directio"
+
 	"github.com/vdiskfs/vdiskfs/crypt"
 	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
@@ -478,4 +480,45 @@ func TestCopyWithinDiskFreshTweaks(t *testing.T) {
 		t.Fatalf("the rewritten source block and the copy share tweak %d", src.Tweak)
 	}
 	checkReads(t, ms.s, "a.raw", append(append(textPattern("new", 4096), make([]byte, 7<<12)...), append(textPattern("old", 4096), make([]byte, 1<<20-9<<12)...)...))
+}
+
+// TestPlanMaxCipherWrite: a plan without wait whose MaxCipherWrite is set
+// declines (DeclineCipher, counted as "cipher") a larger write of an
+// encrypted disk, and takes one of at most that size, a read of any size,
+// and a plain disk's large write; WriteAt, which may block, writes it.
+func TestPlanMaxCipherWrite(t *testing.T) {
+	ms := newMemStore(t, 64<<20, FormatOptions{BlockSize: 4096})
+	enc := mustCreateEncrypted(t, ms.s, "e.raw", 1<<20, 1)
+	defer enc.Close()
+	plain := mustCreate(t, ms.s, "p.raw", 1<<20)
+	defer plain.Close()
+	p := directio.AlignedBlock(64 << 10)
+	copy(p, textPattern("large", len(p)))
+	pl := IOPlan{MaxCipherWrite: 32 << 10}
+	if enc.PlanWrite(&pl, p, 0, 64) {
+		t.Fatal("planned a 64 KiB write of an encrypted disk with MaxCipherWrite 32 KiB")
+	}
+	for _, tc := range []struct {
+		what string
+		plan func() bool
+	}{
+		{"a 32 KiB write of the encrypted disk", func() bool { return enc.PlanWrite(&pl, p[:32<<10], 0, 64) }},
+		{"a 64 KiB read of the encrypted disk", func() bool { return enc.PlanRead(&pl, p, 0, 64) }},
+		{"a 64 KiB write of the plain disk", func() bool { return plain.PlanWrite(&pl, p, 0, 64) }},
+	} {
+		if !tc.plan() {
+			t.Fatalf("%s: not planned", tc.what)
+		}
+		pl.Abort()
+	}
+	if got := ms.s.Metrics().Counters.PlanDeclines; len(got) != 1 || got["cipher"] != 1 {
+		t.Fatalf("declines %v, want one cipher", got)
+	}
+	if _, err := enc.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(p))
+	if _, err := enc.ReadAt(got, 0); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("read back after WriteAt: %v, equal %v", err, bytes.Equal(got, p))
+	}
 }

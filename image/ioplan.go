@@ -64,6 +64,12 @@ type IOPlan struct {
 	// backend.AsyncSubmitter, and the plan is Async. The caller sets it
 	// before planning; the plan keeps it from request to request.
 	Completions *Completions
+	// MaxCipherWrite, when not 0, declines (DeclineCipher) a plan
+	// without wait that would encrypt more than this many bytes of a
+	// write: a caller whose thread feeds others' I/O leaves large
+	// encryptions to a thread that may block, where they run beside it.
+	// The caller sets it before planning; the plan keeps it.
+	MaxCipherWrite int
 
 	write  bool
 	be     backend.Backend
@@ -249,6 +255,9 @@ func (d *disk) admit(pl *IOPlan, p []byte, off int64, m planMode, closed *atomic
 		c, err := d.cipher()
 		if err != nil {
 			return request{}, m.decline(DeclineLocked, err)
+		}
+		if c != nil && m.write && !m.wait && pl.MaxCipherWrite > 0 && len(p) > pl.MaxCipherWrite {
+			return request{}, declined(DeclineCipher)
 		}
 		r.ciph = c
 	}

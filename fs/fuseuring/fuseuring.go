@@ -57,8 +57,9 @@
 // bytes and more) the owner hands, its I/O done, to a worker, which
 // decrypts it and queues its reply like any worker's: meanwhile the owner
 // goes on reaping and submitting the other requests' I/O, and the
-// decryption runs on whichever CPU is free. (A write is encrypted as it
-// is planned, on the owner.)
+// decryption runs on whichever CPU is free. A small write is encrypted as
+// it is planned, on the owner; the IOServer may decline a large one (fs
+// does, image's DeclineCipher), which a worker then serves whole.
 //
 // Every other request (and one whose backing I/O failed or came back
 // short) goes to one of the queue's long-lived worker goroutines, which
