@@ -511,8 +511,12 @@ func TestPlanMaxCipherWrite(t *testing.T) {
 		}
 		pl.Abort()
 	}
-	if got := ms.s.Metrics().Counters.PlanDeclines; len(got) != 1 || got["cipher"] != 1 {
-		t.Fatalf("declines %v, want one cipher", got)
+	// The plan keeps its limit from request to request.
+	if enc.PlanWrite(&pl, p, 0, 64) {
+		t.Fatal("planned a 64 KiB write of an encrypted disk after the plan's earlier requests ended")
+	}
+	if got := ms.s.Metrics().Counters.PlanDeclines; len(got) != 1 || got["cipher"] != 2 {
+		t.Fatalf("declines %v, want two cipher", got)
 	}
 	if _, err := enc.WriteAt(p, 0); err != nil {
 		t.Fatal(err)

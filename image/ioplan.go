@@ -314,7 +314,7 @@ func (d *disk) holdRange(pl *IOPlan, r *request, m planMode, closed *atomic.Bool
 		return declined(DeclineBusy) // PlanRead and PlanWrite never wait
 	}
 	sc := getScratch()
-	*pl = IOPlan{IOs: sc.ios[:0], Completions: pl.Completions, write: m.write, be: s.be, sub: r.sub, async: r.async, p: r.p,
+	*pl = IOPlan{IOs: sc.ios[:0], Completions: pl.Completions, MaxCipherWrite: pl.MaxCipherWrite, write: m.write, be: s.be, sub: r.sub, async: r.async, p: r.p,
 		off: r.off, first: r.first, d: d, lr: lr, held: true, locked: m.locked, sc: sc, raw: m.raw}
 	r.c = s.stats.shard(sc)
 	var err error
@@ -676,7 +676,7 @@ func (pl *IOPlan) release() {
 	clear(pl.IOs) // let go of the caller's buffers
 	sc.ios = pl.IOs[:0]
 	putScratch(sc)
-	*pl = IOPlan{N: pl.N, Durable: pl.Durable, Completions: pl.Completions}
+	*pl = IOPlan{N: pl.N, Durable: pl.Durable, Completions: pl.Completions, MaxCipherWrite: pl.MaxCipherWrite}
 }
 
 // Completions is a completion queue on a store's backend for one
