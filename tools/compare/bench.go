@@ -155,16 +155,19 @@ type bench struct {
 var fillJob = fio.Job{Name: "fill", Text: "[fill]\nioengine=libaio\ndirect=1\nrw=write\nbs=1M\niodepth=16\n"}
 
 // orderFor is the order of the targets for the i-th workload of a round
-// (called with round+workload index): as given when odd, reversed when
-// even, so that each workload alternates A,B / B,A from round to round and
-// the workloads of one round alternate too. Drift of the machine (other
-// load, cache and device state) then hits every target alike.
+// (called with round+workload index): the given order rotated left by
+// round-1 places, so over any n consecutive calls each of n targets runs
+// once in every position (with two: as given when odd, reversed when
+// even), and the workloads of one round rotate too. Drift of the machine
+// (other load, cache and device state) and the cost of running first or
+// last then hit every target alike.
 func orderFor(targets []target, round int) []target {
-	o := slices.Clone(targets)
-	if round%2 == 0 {
-		slices.Reverse(o)
+	n := len(targets)
+	if n == 0 {
+		return nil
 	}
-	return o
+	k := ((round-1)%n + n) % n
+	return append(slices.Clone(targets[k:]), targets[:k]...)
 }
 
 func (b *bench) logf(format string, args ...any) {

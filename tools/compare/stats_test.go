@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -164,6 +165,20 @@ func TestOrderAlternates(t *testing.T) {
 	}
 	if names(orderFor(ts, 3)) != a {
 		t.Error("round 3 differs from round 1")
+	}
+	// With three targets every target takes every position once in any
+	// three consecutive rounds.
+	ts = append(ts, &vhostTarget{name: "vhost"})
+	for start := 0; start < 4; start++ {
+		seen := map[string]bool{}
+		for r := start; r < start+3; r++ {
+			for pos, tg := range orderFor(ts, r) {
+				seen[fmt.Sprint(pos, tg.Name())] = true
+			}
+		}
+		if len(seen) != 9 {
+			t.Errorf("rounds %d..%d: %d of 9 (position, target) pairs: %v", start, start+2, len(seen), seen)
+		}
 	}
 }
 
