@@ -494,7 +494,7 @@ func TestPlanMaxCipherWrite(t *testing.T) {
 	defer plain.Close()
 	p := directio.AlignedBlock(64 << 10)
 	copy(p, textPattern("large", len(p)))
-	pl := IOPlan{MaxCipherWrite: 32 << 10}
+	pl := IOPlan{PlanOptions: PlanOptions{MaxCipherWrite: 32 << 10}}
 	if enc.PlanWrite(&pl, p, 0, 64) {
 		t.Fatal("planned a 64 KiB write of an encrypted disk with MaxCipherWrite 32 KiB")
 	}

@@ -58,18 +58,9 @@ type IOPlan struct {
 	// a FUA write): a synchronous overwrite in place of durable mappings.
 	// N and Durable stay as they are after Finish or Abort.
 	Durable bool
-	// Completions is the caller's completion queue on the store's
-	// backend, if the caller reaps one (Store.NewCompletions): with it,
-	// PlanRead and PlanWrite take a store whose backend is a
-	// backend.AsyncSubmitter, and the plan is Async. The caller sets it
-	// before planning; the plan keeps it from request to request.
-	Completions *Completions
-	// MaxCipherWrite, when not 0, declines (DeclineCipher) a plan
-	// without wait that would encrypt more than this many bytes of a
-	// write: a caller whose thread feeds others' I/O leaves large
-	// encryptions to a thread that may block, where they run beside it.
-	// The caller sets it before planning; the plan keeps it.
-	MaxCipherWrite int
+	// PlanOptions are the caller's: set before planning, kept by the
+	// plan from request to request.
+	PlanOptions
 
 	write  bool
 	be     backend.Backend
@@ -94,6 +85,21 @@ type IOPlan struct {
 	// (CipherBytes).
 	cipherBytes int
 	raw         bool // planMode.raw: a raw write does not grow the disk
+}
+
+// PlanOptions are how a caller wants its IOPlan made. It sets them before
+// planning; every reset of the plan (planning, Finish, Abort) keeps them.
+type PlanOptions struct {
+	// Completions is the caller's completion queue on the store's
+	// backend, if the caller reaps one (Store.NewCompletions): with it,
+	// PlanRead and PlanWrite take a store whose backend is a
+	// backend.AsyncSubmitter, and the plan is Async.
+	Completions *Completions
+	// MaxCipherWrite, when not 0, declines (DeclineCipher) a plan
+	// without wait that would encrypt more than this many bytes of a
+	// write: a caller whose thread feeds others' I/O leaves large
+	// encryptions to a thread that may block, where they run beside it.
+	MaxCipherWrite int
 }
 
 // BackingIO is one I/O of an IOPlan: len(Buf) bytes at Off of the backing.
@@ -314,7 +320,7 @@ func (d *disk) holdRange(pl *IOPlan, r *request, m planMode, closed *atomic.Bool
 		return declined(DeclineBusy) // PlanRead and PlanWrite never wait
 	}
 	sc := getScratch()
-	*pl = IOPlan{IOs: sc.ios[:0], Completions: pl.Completions, MaxCipherWrite: pl.MaxCipherWrite, write: m.write, be: s.be, sub: r.sub, async: r.async, p: r.p,
+	*pl = IOPlan{IOs: sc.ios[:0], PlanOptions: pl.PlanOptions, write: m.write, be: s.be, sub: r.sub, async: r.async, p: r.p,
 		off: r.off, first: r.first, d: d, lr: lr, held: true, locked: m.locked, sc: sc, raw: m.raw}
 	r.c = s.stats.shard(sc)
 	var err error
@@ -676,7 +682,7 @@ func (pl *IOPlan) release() {
 	clear(pl.IOs) // let go of the caller's buffers
 	sc.ios = pl.IOs[:0]
 	putScratch(sc)
-	*pl = IOPlan{N: pl.N, Durable: pl.Durable, Completions: pl.Completions, MaxCipherWrite: pl.MaxCipherWrite}
+	*pl = IOPlan{N: pl.N, Durable: pl.Durable, PlanOptions: pl.PlanOptions}
 }
 
 // Completions is a completion queue on a store's backend for one
