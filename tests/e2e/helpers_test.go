@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vdiskfs/vdiskfs/internal/tcgguest"
 	"github.com/vdiskfs/vdiskfs/tests/testutil"
 )
 
@@ -28,36 +28,9 @@ func requireRoot(t *testing.T) { testutil.RequireFUSE(t) }
 
 // --- Debian packages ------------------------------------------------------
 
-var (
-	aptMu      sync.Mutex
-	aptUpdated bool
-)
-
-// aptEnv is the environment of every apt-get run: never ask.
-func aptEnv() []string { return append(os.Environ(), "DEBIAN_FRONTEND=noninteractive") }
-
-// aptArgs wait for the dpkg lock (other jobs on the machine may hold it)
-// and let root download into any directory without the _apt sandbox.
-var aptArgs = []string{"-o", "DPkg::Lock::Timeout=300", "-o", "APT::Sandbox::User=root"}
-
-// aptUpdateOnce runs apt-get update the first time an install or a
-// download needs it, and never again in this process.
-func aptUpdateOnce(t *testing.T) {
-	t.Helper()
-	aptMu.Lock()
-	defer aptMu.Unlock()
-	if aptUpdated {
-		return
-	}
-	start := time.Now()
-	cmd := exec.Command("apt-get", append(append([]string{}, aptArgs...), "update", "-qq")...)
-	cmd.Env = aptEnv()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("apt-get update: %v\n%s", err, out)
-	}
-	aptUpdated = true
-	t.Logf("apt-get update: %v", time.Since(start).Round(time.Millisecond))
-}
+// apt runs every apt-get of the tests: the package lists are updated at
+// most once per test binary.
+var apt tcgguest.Apt
 
 // needTools makes sure each command is on PATH, installing the Debian
 // package named after the colon ("fio:fio") when it is not, and fails the
@@ -77,13 +50,9 @@ func needTools(t *testing.T, pairs ...string) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("missing %v and not root to install them", pkgs)
 	}
-	aptUpdateOnce(t)
 	start := time.Now()
-	args := append(append([]string{}, aptArgs...), "install", "-y", "-qq", "--no-install-recommends")
-	cmd := exec.Command("apt-get", append(args, pkgs...)...)
-	cmd.Env = aptEnv()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("apt-get install %v: %v\n%s", pkgs, err, out)
+	if err := apt.Install(pkgs...); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("installed %v in %v", pkgs, time.Since(start).Round(time.Millisecond))
 	for _, p := range pairs {
@@ -92,20 +61,6 @@ func needTools(t *testing.T, pairs ...string) {
 			t.Fatalf("%s still missing after installing %s", cmd, pkg)
 		}
 	}
-}
-
-// cacheRoot is where downloads (the guest kernel, busybox) are kept
-// between runs: $XDG_CACHE_HOME/vdiskfs-e2e, else /var/cache/vdiskfs-e2e.
-func cacheRoot(t *testing.T) string {
-	t.Helper()
-	dir := "/var/cache/vdiskfs-e2e"
-	if x := os.Getenv("XDG_CACHE_HOME"); x != "" {
-		dir = filepath.Join(x, "vdiskfs-e2e")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatalf("cache directory: %v", err)
-	}
-	return dir
 }
 
 // --- commands ---------------------------------------------------------------

@@ -204,11 +204,11 @@ func TestVMVhostUserVdiskfs(t *testing.T) {
 		}
 	}
 	a := g.tcgGuest(t, vhostQueues, vhostUserDisk(v.sock, vhostQueues), onLine)
-	if !strings.Contains(a.console, "write_cache=write back") {
-		t.Errorf("the guest does not see a volatile write cache (VIRTIO_BLK_F_FLUSH): %s", diskLine(a.console))
+	if !strings.Contains(a.Console, "write_cache=write back") {
+		t.Errorf("the guest does not see a volatile write cache (VIRTIO_BLK_F_FLUSH): %s", diskLine(a.Console))
 	}
-	if !strings.Contains(a.console, fmt.Sprintf("queues=%d ", vhostQueues)) {
-		t.Errorf("the guest does not use %d queues: %s", vhostQueues, diskLine(a.console))
+	if !strings.Contains(a.Console, fmt.Sprintf("queues=%d ", vhostQueues)) {
+		t.Errorf("the guest does not use %d queues: %s", vhostQueues, diskLine(a.Console))
 	}
 	select {
 	case <-snapDone:
@@ -317,18 +317,18 @@ func TestVMVhostUserDaemonKill(t *testing.T) {
 	select {
 	case m = <-remounted:
 	default:
-		t.Fatalf("the guest finished before the daemon was killed:\n%s", a.console)
+		t.Fatalf("the guest finished before the daemon was killed:\n%s", a.Console)
 	}
-	if a.outcome != "pass" {
+	if a.Outcome != "pass" {
 		// Say what the new daemon saw and which requests' data is not
 		// where the guest wrote it, then fail.
 		t.Logf("vdisk stats of the new daemon:\n%s", lastLines(run(t, time.Minute, vdiskBin(t), "stats", v.mnt), 8))
 		badChunks(t, v.disk, ops, g.pattern, 64<<10)
-		t.Fatalf("guest: %s after %v; console:\n%s\nqemu stderr:\n%s", a.outcome, a.elapsed.Round(time.Second), a.console, a.stderr)
+		t.Fatalf("guest: %s after %v; console:\n%s\nqemu stderr:\n%s", a.Outcome, a.Elapsed.Round(time.Second), a.Console, a.Stderr)
 	}
 	g.report(t, a)
-	if strings.Contains(a.console, "I/O error") {
-		t.Errorf("the guest's kernel logged an I/O error:\n%s", a.console)
+	if strings.Contains(a.Console, "I/O error") {
+		t.Errorf("the guest's kernel logged an I/O error:\n%s", a.Console)
 	}
 	t.Logf("killed during step %d; steps flushed before the kill: %v", killIn, flushed)
 	t.Run("flushed-before-kill", func(t *testing.T) {

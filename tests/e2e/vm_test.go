@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
@@ -10,14 +8,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vdiskfs/vdiskfs/internal/tcgguest"
 )
 
 // The guest's disk and the pattern its writes come from.
@@ -215,11 +213,8 @@ func describeRange(ops []guestOp, r [2]int64) string {
 
 // qemuAttempt is one run of QEMU with one accelerator and one aio mode.
 type qemuAttempt struct {
+	*tcgguest.Attempt
 	accel, aio string
-	console    string // the guest's serial output
-	stderr     string
-	elapsed    time.Duration
-	outcome    string // pass, guest-fail, refused, no-progress, timeout, exited
 }
 
 // runQEMU boots the guest and waits: for the init marker within
@@ -235,104 +230,15 @@ func runQEMU(t *testing.T, qemu string, args []string, initTimeout, total time.D
 // are queued while onLine acts on the host.
 func runQEMUWatch(t *testing.T, qemu string, args []string, initTimeout, total time.Duration, onLine func(line string)) *qemuAttempt {
 	t.Helper()
-	a := &qemuAttempt{}
-	cmd := exec.Command(qemu, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
+	a, err := tcgguest.Run(t.Context(), qemu, args, tcgguest.RunOptions{
+		InitMarker: "E2E-INIT", InitTimeout: initTimeout, Total: total,
+		PassMarker: "E2E-RESULT PASS", FailMarker: "E2E-RESULT FAIL",
+		OnLine: onLine, Logf: t.Logf,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", qemu, err)
-	}
-	var mu sync.Mutex
-	var console strings.Builder
-	initSeen := make(chan struct{})
-	readDone := make(chan struct{})
-	lines := make(chan string, 1<<14) // far more than a guest prints
-	go func() {
-		defer close(readDone)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		seen := false
-		for sc.Scan() {
-			line := strings.TrimRight(sc.Text(), "\r")
-			mu.Lock()
-			console.WriteString(line + "\n")
-			mu.Unlock()
-			if !seen && strings.HasPrefix(line, "E2E-INIT") {
-				seen = true
-				close(initSeen)
-			}
-			if onLine != nil {
-				lines <- line
-			}
-		}
-	}()
-	exited := make(chan error, 1)
-	go func() {
-		<-readDone
-		exited <- cmd.Wait()
-	}()
-	finished := false
-	defer func() {
-		if !finished { // onLine failed the test
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
-	initTimer := time.NewTimer(initTimeout)
-	totalTimer := time.NewTimer(total)
-	defer initTimer.Stop()
-	defer totalTimer.Stop()
-	var waitErr error
-wait:
-	for {
-		select {
-		case <-initSeen:
-			initSeen = nil
-			initTimer.Stop()
-			t.Logf("  guest init reached after %v", time.Since(start).Round(time.Millisecond))
-		case <-initTimer.C:
-			a.outcome = "no-progress"
-			cmd.Process.Kill()
-			waitErr = <-exited
-			break wait
-		case <-totalTimer.C:
-			a.outcome = "timeout"
-			cmd.Process.Kill()
-			waitErr = <-exited
-			break wait
-		case line := <-lines:
-			onLine(line)
-		case waitErr = <-exited:
-			for len(lines) > 0 { // all were queued before exited
-				onLine(<-lines)
-			}
-			break wait
-		}
-	}
-	finished = true
-	a.elapsed = time.Since(start)
-	mu.Lock()
-	a.console = console.String()
-	mu.Unlock()
-	a.stderr = stderr.String()
-	if a.outcome == "" {
-		switch {
-		case strings.Contains(a.console, "E2E-RESULT PASS"):
-			a.outcome = "pass"
-		case strings.Contains(a.console, "E2E-RESULT FAIL"):
-			a.outcome = "guest-fail"
-		case strings.TrimSpace(a.console) == "" && waitErr != nil:
-			a.outcome = "refused"
-		default:
-			a.outcome = "exited"
-		}
-	}
-	return a
+	return &qemuAttempt{Attempt: a}
 }
 
 // TestVMWritesThroughVdiskfs boots Debian's stock kernel in QEMU with a
@@ -384,14 +290,14 @@ func TestVMWritesThroughVdiskfs(t *testing.T) {
 		t.Logf("booting: accel=%s aio=%s disk=%s", ac.name, aio, filepath.Base(disk))
 		a := runQEMU(t, g.qemu, append(args, ac.args...), ac.initTimeout, ac.full)
 		a.accel, a.aio = ac.name, aio
-		t.Logf("  %s/%s: %s after %v", ac.name, aio, a.outcome, a.elapsed.Round(time.Millisecond))
-		if a.outcome == "guest-fail" || a.outcome == "exited" {
-			t.Fatalf("guest (accel=%s aio=%s) did not pass:\n%s\nqemu stderr:\n%s", ac.name, aio, a.console, a.stderr)
+		t.Logf("  %s/%s: %s after %v", ac.name, aio, a.Outcome, a.Elapsed.Round(time.Millisecond))
+		if a.Outcome == "guest-fail" || a.Outcome == "exited" {
+			t.Fatalf("guest (accel=%s aio=%s) did not pass:\n%s\nqemu stderr:\n%s", ac.name, aio, a.Console, a.Stderr)
 		}
 		return a
 	}
 	report := func(a *qemuAttempt) {
-		t.Logf("RAN: accel=%s aio=%s, guest %v (boot to poweroff)", a.accel, a.aio, a.elapsed.Round(time.Millisecond))
+		t.Logf("RAN: accel=%s aio=%s, guest %v (boot to poweroff)", a.accel, a.aio, a.Elapsed.Round(time.Millisecond))
 		g.report(t, a)
 	}
 
@@ -410,13 +316,13 @@ attempts:
 			}
 			disk := newDisk(aio)
 			a := boot(ac, aio, disk)
-			switch a.outcome {
+			switch a.Outcome {
 			case "pass":
 				first, chosen = a, ac
 				disks = append(disks, disk)
 				break attempts
 			case "refused":
-				msg := strings.TrimSpace(a.stderr)
+				msg := strings.TrimSpace(a.Stderr)
 				if strings.Contains(strings.ToLower(msg), "kvm") {
 					t.Logf("  QEMU refused KVM: %s", msg)
 					continue attempts
@@ -428,13 +334,13 @@ attempts:
 				refused[aio] = true
 			case "no-progress", "timeout":
 				if ac.name == "tcg" {
-					t.Fatalf("guest (accel=tcg aio=%s): %s after %v; console:\n%s\nqemu stderr:\n%s", aio, a.outcome, a.elapsed.Round(time.Second), a.console, a.stderr)
+					t.Fatalf("guest (accel=tcg aio=%s): %s after %v; console:\n%s\nqemu stderr:\n%s", aio, a.Outcome, a.Elapsed.Round(time.Second), a.Console, a.Stderr)
 				}
-				so := lastLines(a.console, 5)
+				so := lastLines(a.Console, 5)
 				if strings.TrimSpace(so) == "" {
 					so = "(no console output)"
 				}
-				t.Logf("  KVM too slow (%s after %v): falling back to TCG; console so far: %s", a.outcome, a.elapsed.Round(time.Second), so)
+				t.Logf("  KVM too slow (%s after %v): falling back to TCG; console so far: %s", a.Outcome, a.Elapsed.Round(time.Second), so)
 				continue attempts
 			}
 		}
@@ -456,14 +362,14 @@ attempts:
 		}
 		disk := newDisk(aio)
 		a := boot(chosen, aio, disk)
-		switch a.outcome {
+		switch a.Outcome {
 		case "pass":
 			report(a)
 			disks = append(disks, disk)
 		case "refused":
-			t.Logf("  QEMU refused aio=%s (not run): %s", aio, strings.TrimSpace(a.stderr))
+			t.Logf("  QEMU refused aio=%s (not run): %s", aio, strings.TrimSpace(a.Stderr))
 		default:
-			t.Fatalf("guest (accel=%s aio=%s): %s after %v; console:\n%s\nqemu stderr:\n%s", chosen.name, aio, a.outcome, a.elapsed.Round(time.Second), a.console, a.stderr)
+			t.Fatalf("guest (accel=%s aio=%s): %s after %v; console:\n%s\nqemu stderr:\n%s", chosen.name, aio, a.Outcome, a.Elapsed.Round(time.Second), a.Console, a.Stderr)
 		}
 	}
 

@@ -5,11 +5,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vdiskfs/vdiskfs/internal/tcgguest"
 )
 
 // guest is one guest ready to boot: the cached kernel, an initramfs whose
@@ -18,7 +19,7 @@ import (
 // no blkdiscard).
 type guest struct {
 	qemu         string
-	kernel       *guestKernel
+	kernel       *tcgguest.Kernel
 	initramfs    string
 	applets      map[string]bool
 	pattern      []byte
@@ -67,9 +68,9 @@ func newGuest(t *testing.T, ops []guestOp) *guest {
 	checks = append(checks, vmHoles...)
 
 	g.initramfs = filepath.Join(t.TempDir(), "initramfs.cpio")
-	files := []initramfsFile{
-		{name: "init", mode: 0o755, data: []byte(guestInit(g.ops, checks, g.pattern, g.kernel.modules))},
-		{name: "pattern.bin", mode: 0o644, data: g.pattern},
+	files := []tcgguest.File{
+		{Name: "init", Mode: 0o755, Data: []byte(guestInit(g.ops, checks, g.pattern, g.kernel.Modules))},
+		{Name: "pattern.bin", Mode: 0o644, Data: g.pattern},
 	}
 	for _, op := range ops {
 		if op.zero {
@@ -77,29 +78,23 @@ func newGuest(t *testing.T, ops []guestOp) *guest {
 			if err != nil {
 				t.Fatal(err)
 			}
-			files = append(files, initramfsFile{name: "bin/guestzeroout", mode: 0o755, data: zb})
+			files = append(files, tcgguest.File{Name: "bin/guestzeroout", Mode: 0o755, Data: zb})
 			break
 		}
 	}
-	writeInitramfs(t, g.initramfs, busybox, g.kernel.modules, files)
-	var mods []string
-	for _, m := range g.kernel.modules {
-		mods = append(mods, strings.TrimSuffix(filepath.Base(m), ".ko"))
+	initramfs := tcgguest.Initramfs{Busybox: busybox, Modules: g.kernel.Modules, Files: files}
+	if err := initramfs.Write(g.initramfs); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("initramfs: %s, busybox %s, modules %v, %d steps, %d checks", mib(fileSize(t, g.initramfs)), busybox, mods, len(g.ops), len(checks))
+	t.Logf("initramfs: %s, busybox %s, modules %v, %d steps, %d checks", mib(fileSize(t, g.initramfs)), busybox, g.kernel.ModuleNames(), len(g.ops), len(checks))
 	return g
 }
 
 // qemuArgs is the command line of the guest with smp vCPUs and the disk
 // given by disk (the accelerator is the caller's).
 func (g *guest) qemuArgs(smp int, disk ...string) []string {
-	args := []string{
-		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
-		"-no-reboot", "-m", vmMemory, "-smp", strconv.Itoa(smp),
-		"-kernel", g.kernel.vmlinuz, "-initrd", g.initramfs,
-		"-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init",
-	}
-	return append(args, disk...)
+	m := tcgguest.Machine{Kernel: g.kernel, Initramfs: g.initramfs, Memory: vmMemory, SMP: smp}
+	return m.Args(disk...)
 }
 
 // vhostUserDisk is the QEMU arguments that make the guest's disk a
@@ -107,12 +102,7 @@ func (g *guest) qemuArgs(smp int, disk ...string) []string {
 // shared memfd the backend maps, and a chardev that reconnects every
 // second when the backend goes away.
 func vhostUserDisk(sock string, queues int) []string {
-	return []string{
-		"-object", "memory-backend-memfd,id=mem,size=" + vmMemory + ",share=on",
-		"-machine", "memory-backend=mem",
-		"-chardev", "socket,id=vhost0,path=" + sock + ",reconnect=1",
-		"-device", "vhost-user-blk-pci,chardev=vhost0,num-queues=" + strconv.Itoa(queues),
-	}
+	return append(tcgguest.SharedMemory(vmMemory), tcgguest.VhostUserDisk("vhost0", sock, queues)...)
 }
 
 // report logs the guest's steps and checks that its disk offered discard
@@ -121,16 +111,16 @@ func vhostUserDisk(sock string, queues int) []string {
 // which would test nothing.
 func (g *guest) report(t *testing.T, a *qemuAttempt) {
 	t.Helper()
-	for _, line := range strings.Split(a.console, "\n") {
+	for _, line := range strings.Split(a.Console, "\n") {
 		if strings.HasPrefix(line, "E2E-") && !strings.HasPrefix(line, "E2E-OK") && !strings.HasPrefix(line, "E2E-DONE") {
 			t.Logf("  guest: %s", line)
 		}
 	}
-	if g.applets["blkdiscard"] && !regexp.MustCompile(`discard_max_bytes=[1-9]`).MatchString(a.console) {
+	if g.applets["blkdiscard"] && !regexp.MustCompile(`discard_max_bytes=[1-9]`).MatchString(a.Console) {
 		t.Errorf("the guest saw no discard support on its virtio disk")
 	}
 	for _, op := range g.ops {
-		if op.zero && !regexp.MustCompile(`write_zeroes_max_bytes=[1-9]`).MatchString(a.console) {
+		if op.zero && !regexp.MustCompile(`write_zeroes_max_bytes=[1-9]`).MatchString(a.Console) {
 			t.Errorf("the guest saw no write-zeroes support on its virtio disk")
 			break
 		}
@@ -143,8 +133,8 @@ func (g *guest) report(t *testing.T, a *qemuAttempt) {
 func (g *guest) tcgGuest(t *testing.T, smp int, disk []string, onLine func(string)) *qemuAttempt {
 	t.Helper()
 	a := g.runTCG(t, smp, disk, onLine)
-	if a.outcome != "pass" {
-		t.Fatalf("guest: %s after %v; console:\n%s\nqemu stderr:\n%s", a.outcome, a.elapsed.Round(time.Second), a.console, a.stderr)
+	if a.Outcome != "pass" {
+		t.Fatalf("guest: %s after %v; console:\n%s\nqemu stderr:\n%s", a.Outcome, a.Elapsed.Round(time.Second), a.Console, a.Stderr)
 	}
 	g.report(t, a)
 	return a
@@ -156,7 +146,7 @@ func (g *guest) runTCG(t *testing.T, smp int, disk []string, onLine func(string)
 	args := append(g.qemuArgs(smp, disk...), "-accel", "tcg")
 	a := runQEMUWatch(t, g.qemu, args, 2*time.Minute, 5*time.Minute, onLine)
 	a.accel = "tcg"
-	t.Logf("RAN: accel=tcg smp=%d, guest %s after %v (boot to poweroff)", smp, a.outcome, a.elapsed.Round(time.Millisecond))
+	t.Logf("RAN: accel=tcg smp=%d, guest %s after %v (boot to poweroff)", smp, a.Outcome, a.Elapsed.Round(time.Millisecond))
 	return a
 }
 

@@ -302,31 +302,38 @@ func (b *bench) measure(ctx context.Context, t target, job fio.Job) (fio.Summary
 	}, res.Wall, nil
 }
 
-// runOne runs job on t and takes the counter deltas around it.
-func (b *bench) runOne(ctx context.Context, t target, job fio.Job) (runResult, error) {
-	r := runResult{Workload: job.Name, Target: t.Name()}
-	var dev0 ioCount
-	devOK := false
+// snapshot is a target's counters, the device's and the machine's load
+// at one moment: taken before and after a run.
+type snapshot struct {
+	at    time.Time
+	s     sample
+	dev   ioCount
+	devOK bool
+	load1 float64
+}
+
+func (b *bench) snapshot(t target) snapshot {
+	var sn snapshot
 	if b.device != nil {
 		var err error
-		dev0, err = b.device.sample()
-		devOK = err == nil
+		sn.dev, err = b.device.sample()
+		sn.devOK = err == nil
 	}
-	s0 := t.Sample()
+	sn.s = t.Sample()
 	if l := loadAvg(); len(l) > 0 {
-		r.Load1 = l[0]
+		sn.load1 = l[0]
 	}
-	r.Start = time.Now()
-	sum, wall, err := b.measure(ctx, t, job)
-	if err != nil {
-		return r, fmt.Errorf("%s: %w", t.Name(), err)
-	}
-	s1 := t.Sample()
-	if devOK {
-		if dev1, err := b.device.sample(); err == nil {
-			d := dev1.sub(dev0)
-			r.Device = &d
-		}
+	sn.at = time.Now()
+	return sn
+}
+
+// result is the run of job on t that fio summed up as sum, with wall
+// its wall time and the counter deltas from s0 to s1.
+func result(job fio.Job, t target, s0, s1 snapshot, sum fio.Summary, wall time.Duration) runResult {
+	r := runResult{Workload: job.Name, Target: t.Name(), Start: s0.at, Load1: s0.load1}
+	if s0.devOK && s1.devOK {
+		d := s1.dev.sub(s0.dev)
+		r.Device = &d
 	}
 	r.WallSec = wall.Seconds()
 	r.MBps = sum.BWBytes / 1e6
@@ -336,26 +343,38 @@ func (b *bench) runOne(ctx context.Context, t target, job fio.Job) (runResult, e
 	r.FioBytes, r.FioIOs = sum.Bytes, sum.IOs
 	r.FioCPUSec = sum.CPUSeconds
 	r.FioRuntime = float64(sum.RuntimeMs) / 1000
-	if s0.Req != nil && s1.Req != nil {
-		d := s1.Req.sub(*s0.Req)
+	a, z := s0.s, s1.s
+	if a.Req != nil && z.Req != nil {
+		d := z.Req.sub(*a.Req)
 		r.Req = &d
 	}
-	if s0.Backend != nil && s1.Backend != nil {
-		d := s1.Backend.sub(*s0.Backend)
+	if a.Backend != nil && z.Backend != nil {
+		d := z.Backend.sub(*a.Backend)
 		r.Backend = &d
 	}
-	if s0.Meta != nil && s1.Meta != nil {
-		d := s1.Meta.sub(*s0.Meta)
+	if a.Meta != nil && z.Meta != nil {
+		d := z.Meta.sub(*a.Meta)
 		r.Meta = &d
 	}
-	r.BackendReadLat = latencyDelta(s0.ReadLat, s1.ReadLat)
-	r.BackendWriteLat = latencyDelta(s0.WriteLat, s1.WriteLat)
-	r.Commits = delta(s0.Commits, s1.Commits)
-	r.Flushes = delta(s0.Flushes, s1.Flushes)
-	if s0.HasCPU && s1.HasCPU {
-		c := (s1.CPU - s0.CPU).Seconds()
+	r.BackendReadLat = latencyDelta(a.ReadLat, z.ReadLat)
+	r.BackendWriteLat = latencyDelta(a.WriteLat, z.WriteLat)
+	r.Commits = delta(a.Commits, z.Commits)
+	r.Flushes = delta(a.Flushes, z.Flushes)
+	if a.HasCPU && z.HasCPU {
+		c := (z.CPU - a.CPU).Seconds()
 		r.ServerCPU = &c
 	}
+	return r
+}
+
+// runOne runs job on t and takes the counter deltas around it.
+func (b *bench) runOne(ctx context.Context, t target, job fio.Job) (runResult, error) {
+	s0 := b.snapshot(t)
+	sum, wall, err := b.measure(ctx, t, job)
+	if err != nil {
+		return runResult{Workload: job.Name, Target: t.Name()}, fmt.Errorf("%s: %w", t.Name(), err)
+	}
+	r := result(job, t, s0, b.snapshot(t), sum, wall)
 	// Outside the measured window: make the run's writes durable (a
 	// vdiskfs commit, ext4's metadata), then let the machine settle, so
 	// that this run's leftovers do not land in the next target's run.

@@ -52,6 +52,20 @@
 //     measure builds side by side, in the same alternating rounds.
 //   - NAME, for each --vhost-binary NAME=PATH: as vhost, with the vdisk
 //     binary PATH: builds side by side on the vhost-user door.
+//   - guest-vhost and guest-file, given alone (not with the targets above):
+//     fio inside one QEMU guest under TCG (internal/tcgguest: Debian's
+//     kernel, busybox, and the host's fio with its libraries in the
+//     initramfs), on two disks of one store that --vdisk formats and
+//     mounts: guest-vhost is a disk on its vhost-user-blk socket, and
+//     guest-file another disk whose file QEMU opens itself (cache=none,
+//     aio=io_uring); both with a queue per vCPU. The guest's /init fills
+//     each disk once, runs the rounds with the disks alternating as above,
+//     flushes the disk after each run and prints fio's JSON on the serial
+//     console; the host takes the daemon's counters and CPU, and the
+//     device's, at the markers around each run. The figures are the
+//     guest's: under TCG they say how the two ways into one store compare,
+//     not what a guest under KVM gets. Workloads must not be fresh or
+//     after another.
 //
 // The scratch directory must be on the same backing as the store (it is by
 // default) and not on tmpfs.
@@ -86,5 +100,5 @@
 // to read it.
 //
 // Exit codes: 0 done; 1 a run or the setup failed; 2 bad usage; 3 a
-// prerequisite (fio, qemu-storage-daemon) is missing.
+// prerequisite (fio, qemu-storage-daemon, qemu-system-x86_64) is missing.
 package main

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,5 +238,40 @@ func TestGeneratorTargets(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(scratch); len(entries) != 0 {
 		t.Errorf("scratch files left: %v", entries)
+	}
+}
+
+// The guest targets boot one TCG guest with both disks, and every run
+// the guest made comes back with the daemon's counters around it; nothing
+// stays mounted. Optional: skipped without QEMU.
+func TestGuestTargets(t *testing.T) {
+	needMounts(t)
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("no qemu-system-x86_64 (apt-get install qemu-system-x86)")
+	}
+	bin := filepath.Join(t.TempDir(), "vdisk")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/vdisk")
+	build.Dir = filepath.Join("..", "..")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build vdisk: %v\n%s", err, out)
+	}
+	scratch := t.TempDir()
+	rep := runReport(t, filepath.Join(t.TempDir(), "r.json"),
+		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "1s", "--ramp", "0s", "--settle", "0s",
+		"--jobs", "jobs/vhost.fio", "--workloads", "seq-write-1m-qd1", "--vdisk", bin,
+		"--targets", "guest-file,guest-vhost", "--baseline", "guest-file")
+	var got []string
+	for _, r := range rep.Runs {
+		got = append(got, r.Target)
+		if r.Workload != "seq-write-1m-qd1" || r.Round != 1 || r.MBps <= 0 || r.Req == nil || r.Req.ios() < r.FioIOs || r.ServerCPU == nil {
+			t.Errorf("%s on %s: %+v", r.Workload, r.Target, r)
+		}
+	}
+	if !slices.Equal(got, []string{targetGuestVhost, targetGuestFile}) {
+		t.Errorf("runs on %v, want guest-vhost then guest-file", got)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), scratch) {
+		t.Errorf("mounts left under %s:\n%s", scratch, mi)
 	}
 }

@@ -79,7 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.mount, "mount", "", "use this existing vdiskfs mount instead of mounting a store")
 	fs.StringVar(&o.vdisk, "vdisk", "vdisk", "vdisk binary, for the counters of a --mount (runs: vdisk stats --json MNT)")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "pid of the vdiskfs daemon behind --mount, for its CPU time")
-	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, vdiskfs-encrypted (an encrypted disk on vdiskfs's mount), passthrough, raw, qsd-qcow2 (or qsd), vhost, qsd-vhost, raw-uring; \"all\" for every one")
+	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, vdiskfs-encrypted (an encrypted disk on vdiskfs's mount), passthrough, raw, qsd-qcow2 (or qsd), vhost, qsd-vhost, raw-uring; \"all\" for every one; or, alone, guest-vhost and guest-file (fio inside one TCG guest, see the package doc)")
 	fs.StringVar(&o.vhostSocket, "vhost-socket", "", "the vhost target: a vdiskfs disk already served on this vhost-user socket (default: the tool mounts a store with --vdisk and serves a disk with vdisk vhost-user)")
 	fs.StringVar(&o.vhostFile, "vhost-file", "", "with --vhost-socket: the served disk's file in its mount")
 	fs.StringVar(&o.baseline, "baseline", targetPassthrough, "target the ratios are taken against")
@@ -186,6 +186,7 @@ func parseTargets(s string, binaries []binarySpec) ([]string, error) {
 	if s == "all" {
 		return known, nil
 	}
+	known = append(known, guestTargets...)
 	want := map[string]bool{}
 	for _, t := range strings.Split(s, ",") {
 		t = strings.TrimSpace(t)
@@ -198,12 +199,25 @@ func parseTargets(s string, binaries []binarySpec) ([]string, error) {
 		want[t] = true
 	}
 	var out []string
+	guests := 0
 	for _, t := range known {
 		if want[t] {
 			out = append(out, t)
 		}
+		if want[t] && slices.Contains(guestTargets, t) {
+			guests++
+		}
+	}
+	if guests > 0 && guests < len(out) {
+		return nil, fmt.Errorf("--targets: the guest targets (%s) run in one guest of their own: give no other target with them", strings.Join(guestTargets, ", "))
 	}
 	return out, nil
+}
+
+// isGuest reports whether targets are the guest targets (parseTargets
+// gives either only those or none).
+func isGuest(targets []string) bool {
+	return len(targets) > 0 && slices.Contains(guestTargets, targets[0])
 }
 
 // loadJobs reads the job file (or the built-in one) and keeps the
@@ -318,6 +332,12 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	if err != nil {
 		return nil, err
 	}
+	guest := isGuest(targetNames)
+	if guest {
+		if err := checkGuestJobs(jobs); err != nil {
+			return nil, err
+		}
+	}
 	if slices.Contains(targetNames, targetQSD) || slices.Contains(targetNames, targetQSDVhost) {
 		if _, _, err := findQSD(); err != nil {
 			return nil, fmt.Errorf("%w: %v", errMissing, err)
@@ -389,7 +409,15 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		}
 	}()
 	vdiskfsSrc, ioEngineUsed, transportUsed := "", "", ""
-	var local *vdiskfsLocal // the in-process vdiskfs mount, once made
+	var local *vdiskfsLocal  // the in-process vdiskfs mount, once made
+	var guestSet *guestSetup // the guest targets' store and guest, once made
+	defer func() {
+		if guestSet != nil {
+			if cerr := guestSet.Close(); cerr != nil {
+				fmt.Fprintf(stderr, "compare: closing the guest targets' store: %v\n", cerr)
+			}
+		}
+	}()
 	for _, name := range targetNames {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -441,6 +469,20 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			t, err = newQSDVhost(ctx, work, o.size, guestMem)
 		case targetRawUring:
 			t, err = newRawUring(filepath.Join(work, "raw.img"), o.size)
+		case targetGuestVhost, targetGuestFile:
+			if guestSet == nil {
+				vdisk, lerr := lookPath(o.vdisk)
+				if lerr != nil {
+					err = fmt.Errorf("%w: %s: %v", errMissing, o.vdisk, lerr)
+					break
+				}
+				logf := func(format string, args ...any) { fmt.Fprintf(stderr, "compare: "+format+"\n", args...) }
+				if guestSet, err = newGuestSetup(ctx, vdisk, fioBin, work, o.size, logf); err != nil {
+					break
+				}
+				vdiskfsSrc = guestSet.describe()
+			}
+			t = guestSet.disks[name]
 		case targetVhost:
 			if o.vhostSocket != "" {
 				t, err = newVhostExisting(o.vhostSocket, o.vhostFile, o.size, o.serverPID, guestMem)
@@ -508,7 +550,12 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		fmt.Fprintf(log, "compare: %d workload(s) × %d target(s) × %d round(s), %s + %s ramp each, in %s\n",
 			len(jobs), len(targets), o.rounds, o.runtime, o.ramp, work)
 	}
-	runs, err := b.run(ctx)
+	var runs []runResult
+	if guest {
+		runs, err = b.runGuest(ctx, guestSet)
+	} else {
+		runs, err = b.run(ctx)
+	}
 	rep.Runs = runs
 	rep.Finished = time.Now().UTC().Truncate(time.Second)
 	rep.Machine.LoadAfter = loadAvg()
@@ -570,7 +617,9 @@ func checkSpace(dir string, size int64, targets []string, ownStore bool) error {
 			need += size + size/16
 		case targetPassthrough, targetRaw, targetQSDVhost:
 			need += size
-		case targetRawUring: // the raw target's file
+		case targetGuestVhost: // the guest's store, with the other disk's share
+			need += size + size/16 + 128<<20
+		case targetGuestFile, targetRawUring: // a second disk of the guest's store; the raw target's file
 		default: // a --binary target: a store of its own
 			need += size + size/16 + 128<<20
 		}
