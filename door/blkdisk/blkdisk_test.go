@@ -274,6 +274,82 @@ func TestReadWrite(t *testing.T) {
 	}
 }
 
+// TestScatteredRequests: a read or write whose data lies in guest pages
+// that are not next to each other (as a guest's buffer is) reaches the
+// store as one request, staged through one buffer, on the owner's planned
+// path and on the blocking path (pieces of 512 bytes, unaligned to the
+// store's block), and reads back the same bytes into buffers scattered
+// otherwise.
+func TestScatteredRequests(t *testing.T) {
+	tc := newFileCase(t, varTmp(t))
+	d := tc.dial(frontend.Options{MaxSegments: 254}) // as QEMU's vda: seg_max
+	rng := rand.New(rand.NewPCG(testutil.Seed(t), 2))
+	// scattered returns n bytes as pieces of seg bytes, each in a buffer
+	// of its own with a page between them, and the buffers to free.
+	scattered := func(n, seg int) (segs, bufs []frontend.Buffer) {
+		for off := 0; off < n; off += seg {
+			b := alloc(t, d, seg, 4096)
+			gap := alloc(t, d, 4096, 4096)
+			bufs = append(bufs, b, gap)
+			segs = append(segs, b)
+		}
+		return segs, bufs
+	}
+	requests := func(name string) uint64 {
+		return tc.store.Metrics().Histograms[name].Count
+	}
+	for i, sh := range []struct{ n, seg, sector int }{
+		{1 << 20, 8192, 2048}, {254 * 4096, 4096, 8}, {12 << 10, 512, 3}, {8192, 4096, 100},
+	} {
+		q := d.Queues()[i%2]
+		want := make([]byte, sh.n)
+		for j := range want {
+			want[j] = byte(rng.Uint32())
+		}
+		segs, bufs := scattered(sh.n, sh.seg)
+		n := 0
+		for _, b := range segs {
+			n += copy(b.Bytes, want[n:])
+		}
+		before, stBefore := requests("write_request_size_bytes"), tc.srv.Stats()
+		mustOK(t, q, frontend.Request{Type: proto.BlkTOut, Sector: uint64(sh.sector), Data: segs, Tag: uint64(i)})
+		if got := requests("write_request_size_bytes") - before; got != 1 {
+			t.Errorf("shape %+v: the store saw %d write requests for one scattered write, want 1", sh, got)
+		}
+		got := make([]byte, sh.n)
+		if _, err := tc.disk.ReadAt(got, int64(sh.sector*512)); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("shape %+v: the disk holds other bytes (%v)", sh, err)
+		}
+		for _, b := range bufs {
+			d.Free(b)
+		}
+		// Read back into pieces of another size.
+		back := sh.seg / 2
+		if back < 512 || sh.n/back > 254 {
+			back = sh.seg * 2
+		}
+		segs, bufs = scattered(sh.n, back)
+		before = requests("read_request_size_bytes")
+		c := mustOK(t, d.Queues()[(i+1)%2], frontend.Request{Type: proto.BlkTIn, Sector: uint64(sh.sector), Data: segs, Tag: uint64(i)})
+		if got := requests("read_request_size_bytes") - before; got != 1 {
+			t.Errorf("shape %+v: the store saw %d read requests for one scattered read, want 1", sh, got)
+		}
+		got = got[:0]
+		for _, b := range segs {
+			got = append(got, b.Bytes...)
+		}
+		if !bytes.Equal(got, want) || c.Len != uint32(sh.n+1) {
+			t.Fatalf("shape %+v: read back differs (used len %d)", sh, c.Len)
+		}
+		for _, b := range bufs {
+			d.Free(b)
+		}
+		if st := tc.srv.Stats(); st.Staged-stBefore.Staged != 2 {
+			t.Errorf("shape %+v: %d requests staged, want 2", sh, st.Staged-stBefore.Staged)
+		}
+	}
+}
+
 // varTmp is a directory on /var/tmp (O_DIRECT works there; /tmp may be
 // tmpfs), removed at cleanup.
 func varTmp(t testing.TB) string {

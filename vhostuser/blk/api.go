@@ -153,6 +153,10 @@ type Stats struct {
 	// Held counts the writes returned only after a commit made them
 	// recoverable (Restartable).
 	Held uint64
+	// Staged counts the reads and writes whose data, scattered over
+	// several pieces of guest memory, went through one buffer so that
+	// the store saw one request instead of one per piece.
+	Staged uint64
 	// Connects counts frontends served; Reconnects those after the
 	// first; Refused the connections refused while one was served;
 	// Resubmitted the requests resubmitted from the inflight region

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vdiskfs/vdiskfs/coalesce"
 	"github.com/vdiskfs/vdiskfs/vhostuser"
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 	"github.com/vdiskfs/vdiskfs/vhostuser/virtq"
@@ -29,6 +30,10 @@ const (
 	// WRITE_ZEROES, in 512-byte sectors and in segments.
 	maxDiscardSectors = 1 << 23 // 4 GiB
 	maxDiscardSeg     = 32
+	// maxStaged is the largest read or write staged through one buffer
+	// when its data is scattered over several pieces of guest memory
+	// (request.stage); a larger one is planned piece by piece.
+	maxStaged = 4 << 20
 )
 
 // device is the virtio-blk device a session serves (vhostuser.Device).
@@ -44,13 +49,16 @@ type device struct {
 
 	commit *committer // nil: the Disk is not Restartable
 	st     counters
+	// stages are the buffers of staged requests (request.stage); safe
+	// for concurrent use.
+	stages *coalesce.Pool
 }
 
 // Compile-time check: a device is what a session serves.
 var _ vhostuser.Device = (*device)(nil)
 
 func newDevice(d Disk, cfg Config) *device {
-	dev := &device{disk: d, queues: cfg.Queues, log: cfg.Log}
+	dev := &device{disk: d, queues: cfg.Queues, log: cfg.Log, stages: coalesce.NewPool(maxStaged)}
 	if dev.queues <= 0 {
 		dev.queues = runtime.NumCPU()
 	}
@@ -141,9 +149,9 @@ func (d *device) Reset() {}
 
 // counters are the device's Stats, updated by every queue.
 type counters struct {
-	ops                                            [numOps]opCounters
-	unsupported, bad, fallbacks, resubmitted, held atomic.Uint64
-	inflight                                       atomic.Int64
+	ops                                                    [numOps]opCounters
+	unsupported, bad, fallbacks, resubmitted, held, staged atomic.Uint64
+	inflight                                               atomic.Int64
 }
 
 // Request kinds counted apart (Stats' OpStats).
@@ -192,5 +200,6 @@ func (c *counters) snapshot() Stats {
 		Discard: c.ops[opDiscard].snapshot(), WriteZeroes: c.ops[opWriteZeroes].snapshot(), GetID: c.ops[opGetID].snapshot(),
 		Unsupported: c.unsupported.Load(), Bad: c.bad.Load(), Inflight: c.inflight.Load(),
 		Fallbacks: c.fallbacks.Load(), Resubmitted: c.resubmitted.Load(), Held: c.held.Load(),
+		Staged: c.staged.Load(),
 	}
 }

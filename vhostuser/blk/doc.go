@@ -23,12 +23,18 @@
 // kick eventfd, of its own wake eventfd and of the backend's completion
 // queue (door.Completions), and sleeps in io_uring_enter. It takes the
 // requests the driver made available into its slots (one per ring entry),
-// and for a read or write plans each contiguous piece of the request's
-// data (buffers next to each other in guest and in host memory are one)
-// with the Disk's IO straight into or out of guest memory, and issues the
-// plans' backing I/O on its ring (door.Plan.PrepareSQE), on its completion
+// and for a read or write whose data is one contiguous piece (buffers
+// next to each other in guest and in host memory are one) plans it with
+// the Disk's IO straight into or out of guest memory, and issues the
+// plan's backing I/O on its ring (door.Plan.PrepareSQE), on its completion
 // queue (Start) or at once (Do). No copy and no allocation per request: the
-// slots, their chains and the plans are reused. What it cannot plan
+// slots, their chains and the plans are reused. A read or write whose data
+// is scattered over several pieces (a guest's buffer over its pages) is
+// staged: planned as one range into or out of one pooled buffer
+// (request.stage), which the owner fills from the pieces before a write
+// and copies out to them after a read, so that the store sees one large
+// request, not one per guest page; one larger than maxStaged is planned
+// piece by piece. What it cannot plan
 // (unaligned pieces, holes the planner would wait for, more than
 // maxPieces pieces), FLUSH, DISCARD, WRITE_ZEROES, and plans whose I/O
 // failed or came back short go to the queue's workers, on the blocking

@@ -307,6 +307,7 @@ func (o *owner) bad(r *request, err error) {
 // that a daemon started after this one dies would not read back waits
 // for a commit first (Restartable).
 func (o *owner) complete(r *request) {
+	r.unstage(o.d, r.status == statusOK)
 	if c := o.d.commit; c != nil && !r.committed && r.status == statusOK &&
 		(r.op == opWrite || r.op == opDiscard || r.op == opWriteZeroes) && !c.disk.WritesRecoverable() {
 		o.d.st.held.Add(1)
@@ -340,6 +341,9 @@ func (o *owner) startRequest(rg *iouring.Ring, r *request) {
 		o.bad(r, err)
 		return
 	}
+	if r.status == statusPending {
+		r.stageIn(o.d)
+	}
 	switch {
 	case r.status != statusPending: // answered by parse (GET_ID, UNSUPP, out of range)
 		if r.status == statusUnsupp {
@@ -355,15 +359,16 @@ func (o *owner) startRequest(rg *iouring.Ring, r *request) {
 	}
 }
 
-// plan plans r's pieces and issues their backing I/O. False, with nothing
+// plan plans r's data (its stage, or its pieces) and issues their backing I/O. False, with nothing
 // held: a worker serves r.
 func (o *owner) plan(rg *iouring.Ring, r *request) bool {
-	if len(r.pieces) > maxPieces {
+	data := r.data()
+	if len(data) > maxPieces {
 		return false
 	}
 	off := r.off
 	r.ios = r.ios[:0]
-	for _, p := range r.pieces {
+	for _, p := range data {
 		io := o.takeIO()
 		r.ios = append(r.ios, io)
 		if !io.Start(p, off, r.op == opWrite, maxPlanIOs) {
@@ -375,9 +380,9 @@ func (o *owner) plan(rg *iouring.Ring, r *request) bool {
 		off += int64(len(p))
 	}
 	r.pending, r.failed = 0, false
-	for i := range r.pieces {
+	for i := range data {
 		pl := r.ios[i].Plan()
-		if pl.Bytes() != len(r.pieces[i]) {
+		if pl.Bytes() != len(data[i]) {
 			r.failed = true
 		}
 		for k := range pl.IOs() {

@@ -36,6 +36,14 @@ type request struct {
 	// pieces is the request's data: slices of guest memory, each
 	// contiguous in the guest's and in this process's address space.
 	pieces [][]byte
+	// stage, for a read or write whose pieces are several, is one
+	// buffer of the request's size (from device.stages) that the store
+	// reads into or writes from in their place, so that it plans one
+	// range instead of one per piece (a guest's buffer is scattered over
+	// its pages): a write's pieces are copied in before it is planned, a
+	// read's copied out once it has succeeded. nil otherwise.
+	stage []byte
+	one   [1][]byte // data's slice when staged
 	// The owner's plans: one IO per piece while the request is planned.
 	ios     []IO
 	pending int  // backing I/Os in flight
@@ -43,6 +51,46 @@ type request struct {
 	// committed: a completed write the committer made recoverable, to
 	// be returned now.
 	committed bool
+}
+
+// data is what the store reads into or writes from: the stage, or the
+// pieces.
+func (r *request) data() [][]byte {
+	if r.stage != nil {
+		r.one[0] = r.stage
+		return r.one[:]
+	}
+	return r.pieces
+}
+
+// stageIn gives a read or write of several pieces a stage, filled with
+// the pieces for a write, if it is not too large for one.
+func (r *request) stageIn(d *device) {
+	if len(r.pieces) < 2 || r.bytes > maxStaged || (r.op != opRead && r.op != opWrite) {
+		return
+	}
+	r.stage = d.stages.Get(int(r.bytes))
+	if r.op == opWrite {
+		n := 0
+		for _, p := range r.pieces {
+			n += copy(r.stage[n:], p)
+		}
+	}
+	d.st.staged.Add(1)
+}
+
+// unstage gives r's stage back, if it has one, after copying it out to
+// the pieces of a read when ok (the read succeeded). The owner calls it
+// as it completes r, whoever served it.
+func (r *request) unstage(d *device, ok bool) {
+	if r.stage == nil {
+		return
+	}
+	if ok && r.op == opRead {
+		scatterCopy(r.pieces, r.stage)
+	}
+	d.stages.Put(r.stage)
+	r.stage, r.one[0] = nil, nil
 }
 
 // statusByte is the request's status: the last byte of its last writable

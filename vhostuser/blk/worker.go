@@ -20,7 +20,7 @@ func (d *device) serveBlocking(r *request) {
 	switch r.op {
 	case opRead, opWrite:
 		off := r.off
-		for _, p := range r.pieces {
+		for _, p := range r.data() {
 			if r.op == opRead {
 				_, err = d.disk.ReadAt(p, off)
 			} else {
