@@ -412,6 +412,7 @@ type queue struct {
 	// and closes it when it exits.
 	cq        door.Completions
 	reapArmed bool // a read of cq's eventfd is in the ring
+	yielder   iouring.Yielder
 }
 
 // entry is one registered request slot.
@@ -619,6 +620,10 @@ func (q *queue) serve(rg *iouring.Ring) {
 		}
 		if q.cq != nil && !q.reapArmed {
 			q.armReap(rg)
+		}
+		if q.yielder.Due() {
+			q.enter(rg, false)
+			q.yielder.Yield()
 		}
 		q.enter(rg, wait)
 		if wait {

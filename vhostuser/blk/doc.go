@@ -41,7 +41,7 @@
 // path (Disk.ReadAt, WriteAt, Flush, Discard, WriteZeroes), which reports
 // errors. GET_ID and unsupported types are answered at once. The owner
 // never parks, so it passes through the Go scheduler every few
-// milliseconds (owner.yield): else the runtime would preempt it every
+// milliseconds (iouring.Yielder): else the runtime would preempt it every
 // time slice and its monitor thread would poll while it sleeps.
 //
 // # Writes survive a daemon restart

@@ -36,11 +36,6 @@ const (
 	workersPerQueue = 4
 	// ringEntries is the size of an owner's submission queue.
 	ringEntries = 512
-	// yieldEvery is the longest an owner goes without passing through
-	// the Go scheduler (owner.yield): half the runtime's preemption
-	// time slice (10 ms), so that it never sees the owner as one
-	// goroutine running on the same slice.
-	yieldEvery = 5 * time.Millisecond
 )
 
 // owner serves one virtqueue on a goroutine locked to its thread, with an
@@ -73,7 +68,7 @@ type owner struct {
 	bufs     []byte
 	armed    [3]bool
 	stopping bool
-	yielded  time.Time // the owner's last pass through the scheduler
+	yielder  iouring.Yielder
 
 	// mu guards the requests workers have done and the owner's sleep.
 	mu struct {
@@ -186,7 +181,6 @@ func (o *owner) own(started chan<- error) {
 
 // serve is the owner's loop.
 func (o *owner) serve(rg *iouring.Ring) {
-	o.yielded = time.Now()
 	for {
 		o.mu.Lock()
 		done := o.mu.done
@@ -243,24 +237,13 @@ func (o *owner) serve(rg *iouring.Ring) {
 	}
 }
 
-// yield passes through the Go scheduler once yieldEvery has passed since
-// the owner last did, after submitting what is on the ring so that no
-// I/O waits for it. The owner never parks (it sleeps in io_uring_enter),
-// so its P's scheduling tick never moves and the runtime's monitor
-// (sysmon) takes it for a goroutine that ran past its time slice: it
-// preempts it with a signal and takes its P while it sleeps; with every
-// P idle the monitor sleeps too, until the owner's next return from
-// io_uring_enter wakes it, and it then polls every 20 µs before backing
-// off again, a wake-up cycle that repeats every slice and is not the
-// owner's work. A yield of a locked goroutine costs a hand-over of its
-// P to another thread and back, once per yieldEvery.
+// yield passes through the Go scheduler when the owner's Yielder says
+// so, after submitting what is on the ring so that no I/O waits for it.
 func (o *owner) yield(rg *iouring.Ring) {
-	if time.Since(o.yielded) < yieldEvery {
-		return
+	if o.yielder.Due() {
+		o.enter(rg, false)
+		o.yielder.Yield()
 	}
-	o.enter(rg, false)
-	runtime.Gosched()
-	o.yielded = time.Now()
 }
 
 // arm keeps a read armed on each eventfd the owner waits for.

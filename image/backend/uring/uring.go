@@ -78,6 +78,7 @@ type ring struct {
 	efdBuf    [8]byte
 	wakeArmed bool
 	maxOps    int // operations in flight at most
+	yielder   iouring.Yielder
 }
 
 // New creates a ring of the given depth (a power of two; 256 is plenty for
@@ -200,6 +201,10 @@ func (r *Ring) serve(rg *ring) {
 
 		if !rg.wakeArmed {
 			rg.armWake(r.efd)
+		}
+		if rg.yielder.Due() {
+			rg.enter(false)
+			rg.yielder.Yield()
 		}
 		rg.enter(wait)
 		r.mu.Lock()
