@@ -363,9 +363,11 @@ func (b *bench) runGuest(ctx context.Context, g *guestSetup) ([]runResult, error
 
 	c := newGuestConsole(steps, b.snapshot, b.logf)
 	// A bound far above what the steps take, so that a guest that hangs
-	// ends: every step a minute on top of its runtime, the fills at 5 MB/s.
+	// ends: every step gets a minute on top of its runtime, and the fills
+	// of both disks the time to write them at slowestFill bytes a second.
+	const slowestFill = 5e6
 	perStep := b.cfg.Runtime + b.cfg.Ramp + b.cfg.Settle + time.Minute
-	total := 5*time.Minute + time.Duration(len(steps))*perStep + time.Duration(2*b.cfg.Size/5e6)*time.Second
+	total := 5*time.Minute + time.Duration(len(steps))*perStep + time.Duration(2*b.cfg.Size/slowestFill)*time.Second
 	b.logf("compare: booting the guest (TCG, %d steps, at most %v)", len(steps), total.Round(time.Minute))
 	a, err := tcgguest.Run(ctx, g.qemu, args, tcgguest.RunOptions{
 		InitMarker: markInit, InitTimeout: 3 * time.Minute, Total: total,

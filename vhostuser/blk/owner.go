@@ -370,8 +370,8 @@ func (o *owner) startRequest(rg *iouring.Ring, r *request) {
 	}
 }
 
-// plan plans r's data (its stage, or its pieces) and issues their backing I/O. False, with nothing
-// held: a worker serves r.
+// plan plans r's data (its stage, or its pieces) and issues their
+// backing I/O. False, with nothing held: a worker serves r.
 func (o *owner) plan(rg *iouring.Ring, r *request) bool {
 	data := r.data()
 	if len(data) > maxPieces {

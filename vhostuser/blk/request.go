@@ -43,7 +43,7 @@ type request struct {
 	// its pages): a write's pieces are copied in before it is planned, a
 	// read's copied out once it has succeeded. nil otherwise.
 	stage []byte
-	one   [1][]byte // data's slice when staged
+	one   [1][]byte // data's slice when staged: one[0] == stage
 	// The owner's plans: one IO per piece while the request is planned.
 	ios     []IO
 	pending int  // backing I/Os in flight
@@ -57,7 +57,6 @@ type request struct {
 // pieces.
 func (r *request) data() [][]byte {
 	if r.stage != nil {
-		r.one[0] = r.stage
 		return r.one[:]
 	}
 	return r.pieces
@@ -70,6 +69,7 @@ func (r *request) stageIn(d *device) {
 		return
 	}
 	r.stage = d.stages.Get(int(r.bytes))
+	r.one[0] = r.stage
 	if r.op == opWrite {
 		n := 0
 		for _, p := range r.pieces {
