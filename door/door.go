@@ -50,7 +50,11 @@ type Plan interface {
 	// is reaped with tag. An error is an I/O that did not start.
 	Start(i int, tag uint64) error
 	// PrepareSQE fills sqe, a zeroed entry of the door's ring, with the
-	// i-th I/O; the door sets UserData and submits it. False: use Do.
+	// i-th I/O; the door sets UserData and submits it. False: use Do. A
+	// door may turn a plain read or write entry into a vectored one
+	// (iouring.Vectored) over other memory that stands for the same
+	// bytes: the vhost-user door plans a scattered request over a buffer
+	// of its own and issues its I/O over the guest's pieces.
 	PrepareSQE(sqe *iouring.SQE, i int) bool
 	// Do performs the i-th I/O at once, without waiting for a device.
 	Do(i int) error

@@ -73,7 +73,7 @@ var families = []struct {
 	{"vhost_user_request_bytes_total", "Bytes transferred (read, write) or covered (discard, write_zeroes) by a vhost-user device's requests.", []string{"disk", "socket", "op"}},
 	{"vhost_user_request_latency_seconds", "Latency of a vhost-user device's requests, from the available ring to the used ring.", []string{"disk", "socket", "op"}},
 	{"vhost_user_inflight_requests", "Requests a vhost-user device has taken from its queues and not completed.", []string{"disk", "socket"}},
-	{"vhost_user_events_total", "Events of a vhost-user device: frontends connected (connects), connected after the first (reconnects), refused while one was served (refused), requests resubmitted after a reconnect (resubmitted), served on the blocking path (fallbacks), reads and writes staged through one buffer because their data was scattered in guest memory (staged), writes returned only after a commit made them survive a restart (held), with bad descriptors (bad), of unsupported types (unsupported).", []string{"disk", "socket", "event"}},
+	{"vhost_user_events_total", "Events of a vhost-user device: frontends connected (connects), connected after the first (reconnects), refused while one was served (refused), requests resubmitted after a reconnect (resubmitted), served on the blocking path (fallbacks), reads and writes whose data, scattered in guest memory, went to the backing as vectored I/O (vectored) or was copied through one buffer (staged), writes returned only after a commit made them survive a restart (held), with bad descriptors (bad), of unsupported types (unsupported).", []string{"disk", "socket", "event"}},
 	{"vhost_user_connected", "1 while a frontend is connected to a disk's vhost-user socket, else 0.", []string{"disk", "socket"}},
 	{"store_failed", "1 when the store refuses writes and syncs after a failed flush or metadata write (until it is reopened), else 0.", nil},
 }
@@ -201,7 +201,7 @@ func (c *Collector) collectVhost(ch chan<- prometheus.Metric, u VhostUser) {
 		name string
 		n    uint64
 	}{{"connects", st.Connects}, {"reconnects", st.Reconnects}, {"refused", st.Refused}, {"resubmitted", st.Resubmitted},
-		{"fallbacks", st.Fallbacks}, {"staged", st.Staged}, {"held", st.Held}, {"bad", st.Bad}, {"unsupported", st.Unsupported}} {
+		{"fallbacks", st.Fallbacks}, {"vectored", st.Vectored}, {"staged", st.Staged}, {"held", st.Held}, {"bad", st.Bad}, {"unsupported", st.Unsupported}} {
 		ch <- prometheus.MustNewConstMetric(c.descs["vhost_user_events_total"], prometheus.CounterValue, float64(ev.n), u.Disk, u.Socket, ev.name)
 	}
 	connected := 0.0

@@ -164,8 +164,8 @@ func printVhostUser(w io.Writer, us []telemetry.VhostUser) {
 		if s.Connected {
 			state = "connected"
 		}
-		fmt.Fprintf(w, "%s on %s: %s, %d in flight, %d connects (%d reconnects, %d refused), %d resubmitted, %d on the blocking path, %d staged, %d held for a commit, %d bad, %d unsupported\n",
-			u.Disk, u.Socket, state, s.Inflight, s.Connects, s.Reconnects, s.Refused, s.Resubmitted, s.Fallbacks, s.Staged, s.Held, s.Bad, s.Unsupported)
+		fmt.Fprintf(w, "%s on %s: %s, %d in flight, %d connects (%d reconnects, %d refused), %d resubmitted, %d on the blocking path, %d vectored, %d staged, %d held for a commit, %d bad, %d unsupported\n",
+			u.Disk, u.Socket, state, s.Inflight, s.Connects, s.Reconnects, s.Refused, s.Resubmitted, s.Fallbacks, s.Vectored, s.Staged, s.Held, s.Bad, s.Unsupported)
 	}
 }
 

@@ -33,6 +33,7 @@ func New(s *image.Store, d *image.Disk) *Disk { return &Disk{s: s, d: d} }
 
 func (d *Disk) Size() int64                      { return d.d.Size() }
 func (d *Disk) BlockSize() int                   { return d.s.BlockSize() }
+func (d *Disk) Encrypted() bool                  { enc, _ := d.d.Encrypted(); return enc }
 func (d *Disk) Flush() error                     { return d.d.Sync() } // what fsync on the disk's file does
 func (d *Disk) NewIO(cq door.Completions) blk.IO { return &planIO{d: d.d, plan: storeplan.NewPlan(cq)} }
 

@@ -3,6 +3,7 @@ package blkdisk
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -65,7 +66,10 @@ func newMemStore(t testing.TB) (*image.Store, *backend.Mem) {
 
 // newFileCase serves a disk of a store on a file in dir (the io_uring
 // path, O_DIRECT).
-func newFileCase(t testing.TB, dir string) *testCase {
+func newFileCase(t testing.TB, dir string) *testCase { return newCase(t, newFileStore(t, dir)) }
+
+// newFileStore is a store on a file in dir.
+func newFileStore(t testing.TB, dir string) *image.Store {
 	path := filepath.Join(dir, "store.img")
 	if err := image.FormatPath(path, 1<<30, image.FormatOptions{}); err != nil {
 		t.Fatal(err)
@@ -74,7 +78,7 @@ func newFileCase(t testing.TB, dir string) *testCase {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newCase(t, s)
+	return s
 }
 
 func newCase(t testing.TB, s *image.Store) *testCase { return newCaseWith(t, s, nil) }
@@ -276,12 +280,29 @@ func TestReadWrite(t *testing.T) {
 
 // TestScatteredRequests: a read or write whose data lies in guest pages
 // that are not next to each other (as a guest's buffer is) reaches the
-// store as one request, staged through one buffer, on the owner's planned
-// path and on the blocking path (pieces of 512 bytes, unaligned to the
-// store's block), and reads back the same bytes into buffers scattered
-// otherwise.
+// store as one request, and reads back the same bytes into buffers
+// scattered otherwise. On a plain disk, a request whose range and pieces
+// are block-aligned goes to the backing straight from and into its pieces
+// (vectored); the others, and every one on an encrypted disk, are staged
+// through one buffer, on the owner's planned path and on the blocking
+// path (pieces of 512 bytes, unaligned to the store's block). A read of
+// holes is staged, and reads zeros.
 func TestScatteredRequests(t *testing.T) {
-	tc := newFileCase(t, varTmp(t))
+	for _, encrypted := range []bool{false, true} {
+		var key *crypt.Secret
+		if encrypted {
+			var err error
+			if key, err = crypt.KeyFileSecret(bytes.Repeat([]byte{7}, crypt.KeyFileSize)); err != nil {
+				t.Fatal(err)
+			}
+			defer key.Close()
+		}
+		tc := newCaseWith(t, newFileStore(t, varTmp(t)), key)
+		scatteredRequests(t, tc, encrypted)
+	}
+}
+
+func scatteredRequests(t *testing.T, tc *testCase, encrypted bool) {
 	d := tc.dial(frontend.Options{MaxSegments: 254}) // as QEMU's vda: seg_max
 	rng := rand.New(rand.NewPCG(testutil.Seed(t), 2))
 	// scattered returns n bytes as pieces of seg bytes, each in a buffer
@@ -295,11 +316,32 @@ func TestScatteredRequests(t *testing.T) {
 		}
 		return segs, bufs
 	}
+	joined := func(segs []frontend.Buffer) (b []byte) {
+		for _, s := range segs {
+			b = append(b, s.Bytes...)
+		}
+		return b
+	}
+	free := func(bufs []frontend.Buffer) {
+		for _, b := range bufs {
+			d.Free(b)
+		}
+	}
 	requests := func(name string) uint64 {
 		return tc.store.Metrics().Histograms[name].Count
 	}
+	// copied checks how many requests since before were staged and how
+	// many vectored, of which want went straight to the backing.
+	copied := func(what string, before blk.Stats, n, want int) {
+		t.Helper()
+		st := tc.srv.Stats()
+		if v, s := st.Vectored-before.Vectored, st.Staged-before.Staged; v != uint64(want) || s != uint64(n-want) {
+			t.Errorf("encrypted %v, %s: %d vectored and %d staged, want %d and %d", encrypted, what, v, s, want, n-want)
+		}
+	}
+	aligned := func(sector, seg int) bool { return !encrypted && sector*512%4096 == 0 && seg%4096 == 0 }
 	for i, sh := range []struct{ n, seg, sector int }{
-		{1 << 20, 8192, 2048}, {254 * 4096, 4096, 8}, {12 << 10, 512, 3}, {8192, 4096, 100},
+		{1 << 20, 8192, 2048}, {254 * 4096, 4096, 8}, {12 << 10, 512, 3}, {8192, 4096, 100}, {64 << 10, 4096, 1 << 16},
 	} {
 		q := d.Queues()[i%2]
 		want := make([]byte, sh.n)
@@ -318,15 +360,20 @@ func TestScatteredRequests(t *testing.T) {
 		}
 		got := make([]byte, sh.n)
 		if _, err := tc.disk.ReadAt(got, int64(sh.sector*512)); err != nil || !bytes.Equal(got, want) {
-			t.Fatalf("shape %+v: the disk holds other bytes (%v)", sh, err)
+			t.Fatalf("encrypted %v, shape %+v: the disk holds other bytes (%v)", encrypted, sh, err)
 		}
-		for _, b := range bufs {
-			d.Free(b)
+		free(bufs)
+		direct := 0
+		if aligned(sh.sector, sh.seg) {
+			direct++
 		}
 		// Read back into pieces of another size.
 		back := sh.seg / 2
 		if back < 512 || sh.n/back > 254 {
 			back = sh.seg * 2
+		}
+		if aligned(sh.sector, back) {
+			direct++
 		}
 		segs, bufs = scattered(sh.n, back)
 		before = requests("read_request_size_bytes")
@@ -334,19 +381,32 @@ func TestScatteredRequests(t *testing.T) {
 		if got := requests("read_request_size_bytes") - before; got != 1 {
 			t.Errorf("shape %+v: the store saw %d read requests for one scattered read, want 1", sh, got)
 		}
-		got = got[:0]
+		if !bytes.Equal(joined(segs), want) || c.Len != uint32(sh.n+1) {
+			t.Fatalf("encrypted %v, shape %+v: read back differs (used len %d)", encrypted, sh, c.Len)
+		}
+		free(bufs)
+		copied(fmt.Sprintf("shape %+v", sh), stBefore, 2, direct)
+	}
+	// Holes, and holes beside data (the last shape's 64 KiB at sector
+	// 1<<16): aligned, but staged, so that the holes read zeros.
+	for _, r := range []struct{ sector, n int }{{100000, 64 << 10}, {1<<16 - 64, 96 << 10}} {
+		segs, bufs := scattered(r.n, 4096)
 		for _, b := range segs {
-			got = append(got, b.Bytes...)
+			for j := range b.Bytes {
+				b.Bytes[j] = 0xee
+			}
 		}
-		if !bytes.Equal(got, want) || c.Len != uint32(sh.n+1) {
-			t.Fatalf("shape %+v: read back differs (used len %d)", sh, c.Len)
+		stBefore := tc.srv.Stats()
+		mustOK(t, d.Queues()[0], frontend.Request{Type: proto.BlkTIn, Sector: uint64(r.sector), Data: segs})
+		want := make([]byte, r.n)
+		if _, err := tc.disk.ReadAt(want, int64(r.sector*512)); err != nil {
+			t.Fatal(err)
 		}
-		for _, b := range bufs {
-			d.Free(b)
+		if !bytes.Equal(joined(segs), want) {
+			t.Fatalf("encrypted %v, read of holes at sector %d: got other bytes than the disk holds", encrypted, r.sector)
 		}
-		if st := tc.srv.Stats(); st.Staged-stBefore.Staged != 2 {
-			t.Errorf("shape %+v: %d requests staged, want 2", sh, st.Staged-stBefore.Staged)
-		}
+		copied(fmt.Sprintf("read of holes at sector %d", r.sector), stBefore, 1, 0)
+		free(bufs)
 	}
 }
 

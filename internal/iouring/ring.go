@@ -34,6 +34,8 @@ const (
 	offSQRing         = 0
 	offCQRing         = 0x8000000
 	offSQEs           = 0x10000000
+	OpReadv           = 1
+	OpWritev          = 2
 	OpRead            = 22
 	OpWrite           = 23
 	OpURingCmd        = 46
@@ -228,6 +230,25 @@ func (r *Ring) Close() error {
 func ReadEventfd(efd int, buf []byte, tag uint64) SQE {
 	return SQE{Opcode: OpRead, Fd: int32(efd), Off: ^uint64(0),
 		Addr: uint64(uintptr(unsafe.Pointer(&buf[:8][0]))), Len: 8, UserData: tag}
+}
+
+// Vectored turns sqe, a read or write of one buffer (OpRead, OpWrite),
+// into the same I/O from or into iov (OpReadv, OpWritev), whose lengths
+// must add up to the entry's: same file, offset, flags and tag. False,
+// with sqe unchanged, for an entry of another kind. iov must stay put
+// until the completion is reaped.
+func Vectored(sqe *SQE, iov []unix.Iovec) bool {
+	switch sqe.Opcode {
+	case OpRead:
+		sqe.Opcode = OpReadv
+	case OpWrite:
+		sqe.Opcode = OpWritev
+	default:
+		return false
+	}
+	sqe.Addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(iov))))
+	sqe.Len = uint32(len(iov))
+	return true
 }
 
 // Notify adds one to the eventfd efd, completing a read of it armed in a

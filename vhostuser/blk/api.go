@@ -45,6 +45,9 @@ type Disk interface {
 	// (VIRTIO_BLK_F_BLK_SIZE), a power of two of at least 512: requests
 	// aligned to it are the ones PlanIO can take without a bounce.
 	BlockSize() int
+	// Encrypted says the disk encrypts a write from its buffer as the
+	// write is planned (IO.Start): the buffer must hold the data by then.
+	Encrypted() bool
 	// NewCompletions returns the completion queue of one queue owner on
 	// the disk's backend, or nil when the backend needs none (package
 	// door). The owner closes it when it stops.
@@ -153,10 +156,13 @@ type Stats struct {
 	// Held counts the writes returned only after a commit made them
 	// recoverable (Restartable).
 	Held uint64
-	// Staged counts the reads and writes whose data, scattered over
-	// several pieces of guest memory, went through one buffer so that
-	// the store saw one request instead of one per piece.
-	Staged uint64
+	// Vectored counts the reads and writes whose data, scattered over
+	// several pieces of guest memory, was planned as one range and went
+	// to the backing straight from and into those pieces (vectored I/O);
+	// Staged those whose data was copied through one buffer instead
+	// (pieces or a range not aligned to the block size, an encrypted
+	// disk, holes read, a backend that takes no vectors).
+	Vectored, Staged uint64
 	// Connects counts frontends served; Reconnects those after the
 	// first; Refused the connections refused while one was served;
 	// Resubmitted the requests resubmitted from the inflight region

@@ -52,6 +52,11 @@ type device struct {
 	// stages are the buffers of staged requests (request.stage); safe
 	// for concurrent use.
 	stages *coalesce.Pool
+	// vectorAlign is what a staged request's pieces and range must be
+	// multiples of for its backing I/O to go straight from and into the
+	// pieces (request.direct): the disk's block size; 0 for an encrypted
+	// disk, whose writes are encrypted from the stage as they are planned.
+	vectorAlign uint64
 }
 
 // Compile-time check: a device is what a session serves.
@@ -64,6 +69,9 @@ func newDevice(d Disk, cfg Config) *device {
 	}
 	dev.queues = min(dev.queues, 255) // a vring index is 8 bits in SET_VRING_KICK
 	copy(dev.id[:], cfg.ID)
+	if !d.Encrypted() {
+		dev.vectorAlign = uint64(max(d.BlockSize(), proto.SectorSize))
+	}
 	dev.owners = make([]*owner, dev.queues)
 	if r, ok := d.(Restartable); ok {
 		dev.commit = newCommitter(r)
@@ -149,9 +157,9 @@ func (d *device) Reset() {}
 
 // counters are the device's Stats, updated by every queue.
 type counters struct {
-	ops                                                    [numOps]opCounters
-	unsupported, bad, fallbacks, resubmitted, held, staged atomic.Uint64
-	inflight                                               atomic.Int64
+	ops                                                              [numOps]opCounters
+	unsupported, bad, fallbacks, resubmitted, held, staged, vectored atomic.Uint64
+	inflight                                                         atomic.Int64
 }
 
 // Request kinds counted apart (Stats' OpStats).
@@ -200,6 +208,6 @@ func (c *counters) snapshot() Stats {
 		Discard: c.ops[opDiscard].snapshot(), WriteZeroes: c.ops[opWriteZeroes].snapshot(), GetID: c.ops[opGetID].snapshot(),
 		Unsupported: c.unsupported.Load(), Bad: c.bad.Load(), Inflight: c.inflight.Load(),
 		Fallbacks: c.fallbacks.Load(), Resubmitted: c.resubmitted.Load(), Held: c.held.Load(),
-		Staged: c.staged.Load(),
+		Staged: c.staged.Load(), Vectored: c.vectored.Load(),
 	}
 }

@@ -30,11 +30,15 @@
 // queue (Start) or at once (Do). No copy and no allocation per request: the
 // slots, their chains and the plans are reused. A read or write whose data
 // is scattered over several pieces (a guest's buffer over its pages) is
-// staged: planned as one range into or out of one pooled buffer
-// (request.stage), which the owner fills from the pieces before a write
-// and copies out to them after a read, so that the store sees one large
-// request, not one per guest page; one larger than maxStaged is planned
-// piece by piece. What it cannot plan
+// staged: planned as one range of one pooled buffer (request.stage), so
+// that the store sees one large request, not one per guest page; one
+// larger than maxStaged is planned piece by piece. When the range and the
+// pieces are block-aligned and the disk is plain, the stage is only the
+// planned range: each backing I/O is made vectored over the pieces it
+// covers (iouring.Vectored) and nothing is copied (request.direct);
+// otherwise (and when the plan has holes to read, or I/O not on the ring)
+// the owner fills the stage from the pieces before a write and copies it
+// out to them after a read. What it cannot plan
 // (unaligned pieces, holes the planner would wait for, more than
 // maxPieces pieces), FLUSH, DISCARD, WRITE_ZEROES, and plans whose I/O
 // failed or came back short go to the queue's workers, on the blocking

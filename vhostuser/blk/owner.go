@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -60,7 +61,8 @@ type owner struct {
 	pushed   bool  // returned since the last NeedSignal
 	broken   bool  // the ring broke the rules: take nothing more
 	sqe      iouring.SQE
-	spareIOs []IO // plans not in use, shared by the slots' pieces
+	sqes     [maxPlanIOs]iouring.SQE // a direct request's entries (issueDirect)
+	spareIOs []IO                    // plans not in use, shared by the slots' pieces
 	// bufs is a page of its own (mmap) holding the targets of the
 	// eventfd reads (kick, wake, reap; 8 bytes each): a read the kernel
 	// completes while tearing the ring down then lands in a mapping
@@ -366,6 +368,7 @@ func (o *owner) startRequest(rg *iouring.Ring, r *request) {
 		if r.op == opRead || r.op == opWrite {
 			o.d.st.fallbacks.Add(1)
 		}
+		r.undirect(o.d)
 		o.toWorker(r)
 	}
 }
@@ -389,6 +392,12 @@ func (o *owner) plan(rg *iouring.Ring, r *request) bool {
 			return false
 		}
 		off += int64(len(p))
+	}
+	if r.direct {
+		if o.issueDirect(rg, r) {
+			return true
+		}
+		r.undirect(o.d)
 	}
 	r.pending, r.failed = 0, false
 	for i := range data {
@@ -421,6 +430,48 @@ func (o *owner) plan(rg *iouring.Ring, r *request) bool {
 	if r.pending == 0 {
 		o.endPlanned(r)
 	}
+	return true
+}
+
+// issueDirect issues a direct request's plan (one piece: its stage) as
+// vectored I/O straight from and into the request's pieces, if every I/O
+// of the plan can go so: on the owner's ring (neither Async nor Do), a
+// plain read or write within the stage, the I/Os covering the whole stage
+// (a read of holes has them zeroed in the stage). False, with nothing
+// issued: the caller issues the plan through the stage (undirect).
+func (o *owner) issueDirect(rg *iouring.Ring, r *request) bool {
+	pl := r.ios[0].Plan()
+	n := pl.IOs()
+	if pl.Async() || n > len(o.sqes) || pl.Bytes() != len(r.stage) || pl.CipherBytes() != 0 {
+		return false
+	}
+	base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(r.stage))))
+	covered := 0
+	for k := range n {
+		s := &o.sqes[k]
+		*s = iouring.SQE{}
+		if !pl.PrepareSQE(s, k) || (s.Opcode != iouring.OpRead && s.Opcode != iouring.OpWrite) ||
+			int(s.Len) != pl.IOLen(k) || s.Addr < base || s.Addr+uint64(s.Len) > base+uint64(len(r.stage)) {
+			return false
+		}
+		covered += int(s.Len)
+	}
+	if covered != len(r.stage) {
+		return false
+	}
+	if cap(r.iov) == 0 {
+		r.iov = make([]unix.Iovec, 0, maxPieces+maxPlanIOs) // a piece each, and a split at each I/O's end
+	}
+	r.iov = r.iov[:0]
+	for k := range n {
+		s := &o.sqes[k]
+		iouring.Vectored(s, r.vectors(int(s.Addr-base), int(s.Len)))
+		s.UserData = ioTag | uint64(r.slot)<<24 | uint64(k) // piece 0
+		o.room(rg, 1)
+		rg.Put(*s)
+	}
+	r.pending, r.failed = n, false
+	o.d.st.vectored.Add(1)
 	return true
 }
 
@@ -466,6 +517,7 @@ func (o *owner) endPlanned(r *request) {
 	o.endIOs(r, !r.failed)
 	if r.failed {
 		o.d.st.fallbacks.Add(1)
+		r.undirect(o.d)
 		o.toWorker(r)
 		return
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
 	"github.com/vdiskfs/vdiskfs/vhostuser/virtq"
 )
@@ -44,6 +46,13 @@ type request struct {
 	// read's copied out once it has succeeded. nil otherwise.
 	stage []byte
 	one   [1][]byte // data's slice when staged: one[0] == stage
+	// direct, for a staged request: the stage is only the range the
+	// store plans, and the backing I/O goes straight from and into the
+	// pieces as vectored I/O (iov), unless the owner finds the plan
+	// cannot (undirect): a write's pieces are not copied in, a read's
+	// not copied out. iov holds the vectors of its I/Os in flight.
+	direct bool
+	iov    []unix.Iovec
 	// The owner's plans: one IO per piece while the request is planned.
 	ios     []IO
 	pending int  // backing I/Os in flight
@@ -62,35 +71,91 @@ func (r *request) data() [][]byte {
 	return r.pieces
 }
 
-// stageIn gives a read or write of several pieces a stage, filled with
-// the pieces for a write, if it is not too large for one.
+// stageIn gives a read or write of several pieces a stage, if it is not
+// too large for one. The request is direct when its range and every piece
+// are aligned for vectored I/O; otherwise a write's pieces are copied in.
 func (r *request) stageIn(d *device) {
 	if len(r.pieces) < 2 || r.bytes > maxStaged || (r.op != opRead && r.op != opWrite) {
 		return
 	}
 	r.stage = d.stages.Get(int(r.bytes))
 	r.one[0] = r.stage
-	if r.op == opWrite {
-		n := 0
-		for _, p := range r.pieces {
-			n += copy(r.stage[n:], p)
+	r.direct = r.vectorable(d.vectorAlign)
+	if !r.direct {
+		r.fill(d)
+	}
+}
+
+// vectorable says whether r's range and pieces are multiples of align
+// (0: never), and few enough for the vectors of its I/Os (r.iov).
+func (r *request) vectorable(align uint64) bool {
+	if align == 0 || uint64(r.off)%align != 0 || r.bytes%align != 0 || len(r.pieces) > maxPieces {
+		return false
+	}
+	for _, p := range r.pieces {
+		if uint64(uintptr(unsafe.Pointer(unsafe.SliceData(p))))%align != 0 || uint64(len(p))%align != 0 {
+			return false
 		}
+	}
+	return true
+}
+
+// fill copies a staged write's pieces into its stage.
+func (r *request) fill(d *device) {
+	if r.op != opWrite {
+		return
+	}
+	n := 0
+	for _, p := range r.pieces {
+		n += copy(r.stage[n:], p)
 	}
 	d.st.staged.Add(1)
 }
 
+// undirect makes a direct request staged like any other, before it is
+// planned or served again through its stage: a write's pieces are copied
+// in (guest memory still holds them; a read's are copied out at unstage).
+func (r *request) undirect(d *device) {
+	if r.direct {
+		r.direct = false
+		r.fill(d)
+	}
+}
+
+// vectors appends to r.iov the vectors of the request's bytes [at,
+// at+n), across its pieces, and returns them. r.iov has room for every
+// I/O of a plan (see plan): it is never reallocated while I/O is in flight.
+func (r *request) vectors(at, n int) []unix.Iovec {
+	start, pos := len(r.iov), 0
+	for _, p := range r.pieces {
+		if n == 0 {
+			break
+		}
+		if pos+len(p) <= at {
+			pos += len(p)
+			continue
+		}
+		lo := at - pos
+		k := min(len(p)-lo, n)
+		r.iov = append(r.iov, unix.Iovec{Base: &p[lo], Len: uint64(k)})
+		at, n, pos = at+k, n-k, pos+len(p)
+	}
+	return r.iov[start:]
+}
+
 // unstage gives r's stage back, if it has one, after copying it out to
-// the pieces of a read when ok (the read succeeded). The owner calls it
-// as it completes r, whoever served it.
+// the pieces of a read when ok (the read succeeded) and not direct. The
+// owner calls it as it completes r, whoever served it.
 func (r *request) unstage(d *device, ok bool) {
 	if r.stage == nil {
 		return
 	}
-	if ok && r.op == opRead {
+	if ok && r.op == opRead && !r.direct {
 		scatterCopy(r.pieces, r.stage)
+		d.st.staged.Add(1)
 	}
 	d.stages.Put(r.stage)
-	r.stage, r.one[0] = nil, nil
+	r.stage, r.one[0], r.direct = nil, nil, false
 }
 
 // statusByte is the request's status: the last byte of its last writable

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/vdiskfs/vdiskfs/door"
 	"github.com/vdiskfs/vdiskfs/vhostuser/proto"
@@ -18,6 +19,7 @@ type sizeDisk struct{ size int64 }
 
 func (d sizeDisk) Size() int64                               { return d.size }
 func (d sizeDisk) BlockSize() int                            { return 4096 }
+func (d sizeDisk) Encrypted() bool                           { return false }
 func (d sizeDisk) NewCompletions() (door.Completions, error) { return nil, nil }
 func (d sizeDisk) NewIO(door.Completions) IO                 { return nil }
 func (d sizeDisk) ReadAt(p []byte, off int64) (int, error)   { return 0, io.EOF }
@@ -177,4 +179,48 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("answered without a status byte")
 		}
 	})
+}
+
+// TestVectors: the vectors of any byte range of a request's pieces hold
+// exactly those bytes, in order, and a request is vectorable only when its
+// range and every piece are multiples of the alignment.
+func TestVectors(t *testing.T) {
+	mem := make([]byte, 64<<10)
+	for i := range mem {
+		mem[i] = byte(i * 7)
+	}
+	// Pieces of 4, 8, 4 and 12 KiB with gaps between them.
+	r := &request{off: 8192}
+	var joined []byte
+	at := 0
+	for _, n := range []int{4096, 8192, 4096, 12288} {
+		r.pieces = append(r.pieces, mem[at:at+n])
+		joined = append(joined, mem[at:at+n]...)
+		at += n + 4096
+	}
+	r.bytes = uint64(len(joined))
+	r.iov = make([]unix.Iovec, 0, 16)
+	for _, c := range [][2]int{{0, len(joined)}, {0, 4096}, {4096, 8192}, {2048, 8192}, {12288, 16384}, {len(joined) - 512, 512}} {
+		r.iov = r.iov[:0]
+		var got []byte
+		for _, v := range r.vectors(c[0], c[1]) {
+			got = append(got, unsafe.Slice(v.Base, v.Len)...)
+		}
+		if string(got) != string(joined[c[0]:c[0]+c[1]]) {
+			t.Errorf("vectors(%d, %d): %d bytes, not the request's", c[0], c[1], len(got))
+		}
+	}
+	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	for _, c := range []struct {
+		align uint64
+		want  bool
+	}{{0, false}, {512, base%512 == 0}, {4096, base%4096 == 0}, {8192, false}} {
+		if got := r.vectorable(c.align); got != c.want {
+			t.Errorf("vectorable(%d) = %v, want %v", c.align, got, c.want)
+		}
+	}
+	r.off = 512
+	if r.vectorable(512) != (base%512 == 0) || r.vectorable(4096) {
+		t.Errorf("a request at 512 bytes: vectorable(512) %v, vectorable(4096) %v", r.vectorable(512), r.vectorable(4096))
+	}
 }
