@@ -84,6 +84,14 @@ func fmtRatio(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
+// fmtSpread prints ratios as "median (min–max)"; empty when none is known.
+func fmtSpread(s *spread) string {
+	if s == nil || s.N == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", float64(s.Median), float64(s.Min), float64(s.Max))
+}
+
 // tableColumns are the metrics shown in the table and markdown, after
 // workload, target, MB/s with its range and the ratio.
 var tableColumns = []string{
@@ -109,7 +117,7 @@ func (r *report) rows(rangeCol bool) [][]string {
 	if rangeCol {
 		head = append(head, "MB/s min–max")
 	}
-	head = append(head, "× "+r.Baseline)
+	head = append(head, "× "+r.Baseline, "× "+r.Baseline+" per round")
 	for _, k := range tableColumns {
 		head = append(head, metricByKey(k).Head)
 	}
@@ -125,9 +133,9 @@ func (r *report) rows(rangeCol bool) [][]string {
 			row = append(row, fmt.Sprintf("%s (%s)", fmtNum(float64(mb.Median), 0), rng))
 		}
 		if c.Target == r.Baseline {
-			row = append(row, "1")
+			row = append(row, "1", "1")
 		} else {
-			row = append(row, fmtRatio(float64(mb.Ratio)))
+			row = append(row, fmtRatio(float64(mb.Ratio)), fmtSpread(mb.RoundRatio))
 		}
 		for _, k := range tableColumns {
 			m := metricByKey(k)
@@ -175,12 +183,13 @@ func (r *report) writeTable(w io.Writer) error {
 // legend explains the columns.
 func (r *report) legend() string {
 	return fmt.Sprintf("Medians of %d round(s), %gs each (+%gs ramp), file size %s; MB/s is 10^6 bytes/s, (min–max) over rounds; "+
-		"× %s = MB/s median over %s's. FUSE req = average READ/WRITE request size the file system received; "+
+		"× %s = MB/s median over %s's; per round = median (min–max) of each round's MB/s over %s's in the same round, "+
+		"the ratio to read on a noisy machine (a round runs the targets back to back). FUSE req = average READ/WRITE request size the file system received; "+
 		"backend = the server's own I/O to its backing (vdiskfs store counters; one pread/pwrite per request for %s); "+
 		"device = /proc/diskstats of %s (every process on the machine); "+
 		"server CPU = user+system CPU of the process serving the file, per GB it served; fio CPU = fio's own. n/a = not measurable for that target.",
 		r.Config.Rounds, r.Config.RuntimeSec, r.Config.RampSec, fmtSize(r.Config.SizeBytes),
-		r.Baseline, r.Baseline, targetPassthrough, orNA(r.Config.Device))
+		r.Baseline, r.Baseline, r.Baseline, targetPassthrough, orNA(r.Config.Device))
 }
 
 func orNA(s string) string {

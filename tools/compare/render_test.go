@@ -101,10 +101,10 @@ func TestMarkdown(t *testing.T) {
 			t.Errorf("line %d has %d bars, header %d: %q", i, strings.Count(lines[i], "|"), cols, lines[i])
 		}
 	}
-	if lines[2] != "| seq-write-1m-qd16 | vdiskfs | 1002 | 1001–1002 | 0.91 | 1002 | 150 | n/a | 1024 | 1000 | 1024 | 2000 | 512 | 0.24 | 250.0 | 0.10 |" {
+	if lines[2] != "| seq-write-1m-qd16 | vdiskfs | 1002 | 1001–1002 | 0.91 | 0.91 (0.91–0.91) | 1002 | 150 | n/a | 1024 | 1000 | 1024 | 2000 | 512 | 0.24 | 250.0 | 0.10 |" {
 		t.Errorf("first row %q", lines[2])
 	}
-	if lines[3][:len("| seq-write-1m-qd16 | passthrough | 1102 | 1101–1102 | 1 |")] != "| seq-write-1m-qd16 | passthrough | 1102 | 1101–1102 | 1 |" {
+	if lines[3][:len("| seq-write-1m-qd16 | passthrough | 1102 | 1101–1102 | 1 | 1 |")] != "| seq-write-1m-qd16 | passthrough | 1102 | 1101–1102 | 1 | 1 |" {
 		t.Errorf("baseline row %q", lines[3])
 	}
 }

@@ -40,6 +40,19 @@ type stat struct {
 	// Ratio is this target's median over the baseline's (pass-through);
 	// null for the baseline itself or when either is unknown.
 	Ratio jfloat `json:"ratio_vs_baseline"`
+	// RoundRatio sums up, over the rounds that have both, the ratio of
+	// this target's figure to the baseline's in the same round: a round
+	// runs every target back to back, so the machine's drift from round
+	// to round cancels out of it. Nil for the baseline itself.
+	RoundRatio *spread `json:"round_ratio_vs_baseline,omitempty"`
+}
+
+// spread is the median, min and max of n figures (NaN when n is 0).
+type spread struct {
+	Median jfloat `json:"median"`
+	Min    jfloat `json:"min"`
+	Max    jfloat `json:"max"`
+	N      int    `json:"n"`
 }
 
 // median of xs (NaNs dropped); NaN when none are left.
@@ -105,6 +118,7 @@ func (c *cell) get(key string) stat {
 func aggregate(runs []runResult, workloads, targets []string, baseline string) []cell {
 	var cells []cell
 	index := map[[2]string]int{}
+	byCell := map[[2]string][]*runResult{}
 	for _, w := range workloads {
 		for _, t := range targets {
 			var rs []*runResult
@@ -116,6 +130,7 @@ func aggregate(runs []runResult, workloads, targets []string, baseline string) [
 			if len(rs) == 0 {
 				continue
 			}
+			byCell[[2]string{w, t}] = rs
 			c := cell{Workload: w, Target: t, Metrics: map[string]stat{}}
 			for _, m := range metrics {
 				xs := make([]float64, len(rs))
@@ -137,10 +152,28 @@ func aggregate(runs []runResult, workloads, targets []string, baseline string) [
 		if !ok {
 			continue
 		}
-		for k, s := range c.Metrics {
-			s.Ratio = jfloat(ratio(float64(s.Median), float64(cells[bi].Metrics[k].Median)))
-			c.Metrics[k] = s
+		base := byCell[[2]string{c.Workload, baseline}]
+		for _, m := range metrics {
+			s := c.Metrics[m.Key]
+			s.Ratio = jfloat(ratio(float64(s.Median), float64(cells[bi].Metrics[m.Key].Median)))
+			s.RoundRatio = roundRatios(m, byCell[[2]string{c.Workload, c.Target}], base)
+			c.Metrics[m.Key] = s
 		}
 	}
 	return cells
+}
+
+// roundRatios sums up m's ratio of each run of rs to the run of base in
+// the same round.
+func roundRatios(m metricDef, rs, base []*runResult) *spread {
+	var xs []float64
+	for _, r := range rs {
+		for _, b := range base {
+			if b.Round == r.Round {
+				xs = append(xs, ratio(m.get(r), m.get(b)))
+			}
+		}
+	}
+	s := summarize(xs)
+	return &spread{Median: s.Median, Min: s.Min, Max: s.Max, N: s.N}
 }

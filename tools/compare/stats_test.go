@@ -94,8 +94,15 @@ func TestAggregate(t *testing.T) {
 	if got := float64(r.get("mb_per_s").Ratio); got != 3 {
 		t.Errorf("raw ratio %v, want 3", got)
 	}
-	if !math.IsNaN(float64(p.get("mb_per_s").Ratio)) {
+	if !math.IsNaN(float64(p.get("mb_per_s").Ratio)) || p.get("mb_per_s").RoundRatio != nil {
 		t.Error("the baseline has a ratio to itself")
+	}
+	// Round by round: 900/1000, 1100/1200, 1000/800; raw has round 1 only.
+	if rr := mb.RoundRatio; rr == nil || rr.N != 3 || math.Abs(float64(rr.Median)-1100.0/1200) > 1e-12 || rr.Min != 0.9 || rr.Max != 1.25 {
+		t.Errorf("vdiskfs round ratios %+v, want median 0.917 (0.9–1.25) of 3", rr)
+	}
+	if rr := r.get("mb_per_s").RoundRatio; rr == nil || rr.N != 1 || rr.Median != 3 {
+		t.Errorf("raw round ratios %+v, want 3 of 1", rr)
 	}
 	// Per-I/O sizes: 1 MiB requests, 2 MiB backend I/Os, 512 KiB device I/Os.
 	if got := v.get("fuse_request_kib").Median; got != 1024 {
