@@ -282,8 +282,9 @@ func TestReadWrite(t *testing.T) {
 // that are not next to each other (as a guest's buffer is) reaches the
 // store as one request, and reads back the same bytes into buffers
 // scattered otherwise. On a plain disk, a request whose range and pieces
-// are block-aligned goes to the backing straight from and into its pieces
-// (vectored); the others, and every one on an encrypted disk, are staged
+// are block-aligned and whose pieces are large (a guest on huge pages)
+// goes to the backing straight from and into its pieces (vectored); the
+// others, and every one on an encrypted disk, are staged
 // through one buffer, on the owner's planned path and on the blocking
 // path (pieces of 512 bytes, unaligned to the store's block). A read of
 // holes is staged, and reads zeros.
@@ -339,9 +340,12 @@ func scatteredRequests(t *testing.T, tc *testCase, encrypted bool) {
 			t.Errorf("encrypted %v, %s: %d vectored and %d staged, want %d and %d", encrypted, what, v, s, want, n-want)
 		}
 	}
-	aligned := func(sector, seg int) bool { return !encrypted && sector*512%4096 == 0 && seg%4096 == 0 }
+	vectored := func(sector, seg int) bool {
+		return !encrypted && sector*512%4096 == 0 && seg%4096 == 0 && seg >= 64<<10
+	}
 	for i, sh := range []struct{ n, seg, sector int }{
 		{1 << 20, 8192, 2048}, {254 * 4096, 4096, 8}, {12 << 10, 512, 3}, {8192, 4096, 100}, {64 << 10, 4096, 1 << 16},
+		{2 << 20, 256 << 10, 1 << 14}, {1 << 20, 128 << 10, 1<<16 + 1024},
 	} {
 		q := d.Queues()[i%2]
 		want := make([]byte, sh.n)
@@ -364,7 +368,7 @@ func scatteredRequests(t *testing.T, tc *testCase, encrypted bool) {
 		}
 		free(bufs)
 		direct := 0
-		if aligned(sh.sector, sh.seg) {
+		if vectored(sh.sector, sh.seg) {
 			direct++
 		}
 		// Read back into pieces of another size.
@@ -372,7 +376,7 @@ func scatteredRequests(t *testing.T, tc *testCase, encrypted bool) {
 		if back < 512 || sh.n/back > 254 {
 			back = sh.seg * 2
 		}
-		if aligned(sh.sector, back) {
+		if vectored(sh.sector, back) {
 			direct++
 		}
 		segs, bufs = scattered(sh.n, back)
@@ -387,10 +391,10 @@ func scatteredRequests(t *testing.T, tc *testCase, encrypted bool) {
 		free(bufs)
 		copied(fmt.Sprintf("shape %+v", sh), stBefore, 2, direct)
 	}
-	// Holes, and holes beside data (the last shape's 64 KiB at sector
-	// 1<<16): aligned, but staged, so that the holes read zeros.
-	for _, r := range []struct{ sector, n int }{{100000, 64 << 10}, {1<<16 - 64, 96 << 10}} {
-		segs, bufs := scattered(r.n, 4096)
+	// Holes, and holes beside data (the 64 KiB at sector 1<<16): in
+	// pieces that would be vectored, but staged, so that holes read zeros.
+	for _, r := range []struct{ sector, n int }{{100000, 256 << 10}, {1<<16 - 128, 128 << 10}} {
+		segs, bufs := scattered(r.n, 64<<10)
 		for _, b := range segs {
 			for j := range b.Bytes {
 				b.Bytes[j] = 0xee

@@ -34,6 +34,13 @@ const (
 	// when its data is scattered over several pieces of guest memory
 	// (request.stage); a larger one is planned piece by piece.
 	maxStaged = 4 << 20
+	// vectorMinPiece is the least average piece of a staged request
+	// whose backing I/O goes straight from and into its pieces (vectored):
+	// smaller pieces (a guest's 4 KiB pages) are copied through the stage,
+	// which the backing device takes as a few large segments where a
+	// vector of small pieces is one segment each, which a virtual device
+	// below may serve one by one (docs/BENCHMARKS.md, the vhost-user door).
+	vectorMinPiece = 64 << 10
 )
 
 // device is the virtio-blk device a session serves (vhostuser.Device).

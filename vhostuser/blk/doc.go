@@ -33,8 +33,8 @@
 // staged: planned as one range of one pooled buffer (request.stage), so
 // that the store sees one large request, not one per guest page; one
 // larger than maxStaged is planned piece by piece. When the range and the
-// pieces are block-aligned and the disk is plain, the stage is only the
-// planned range: each backing I/O is made vectored over the pieces it
+// pieces are block-aligned, the pieces large (vectorMinPiece: a guest on
+// huge pages) and the disk plain, the stage is only the planned range: each backing I/O is made vectored over the pieces it
 // covers (iouring.Vectored) and nothing is copied (request.direct);
 // otherwise (and when the plan has holes to read, or I/O not on the ring)
 // the owner fills the stage from the pieces before a write and copies it

@@ -46,8 +46,8 @@ type request struct {
 	// read's copied out once it has succeeded. nil otherwise.
 	stage []byte
 	one   [1][]byte // data's slice when staged: one[0] == stage
-	// direct, for a staged request: the stage is only the range the
-	// store plans, and the backing I/O goes straight from and into the
+	// direct, for a staged request of large aligned pieces: the stage is
+	// only the range the store plans, and the backing I/O goes straight from and into the
 	// pieces as vectored I/O (iov), unless the owner finds the plan
 	// cannot (undirect): a write's pieces are not copied in, a read's
 	// not copied out. iov holds the vectors of its I/Os in flight.
@@ -87,9 +87,11 @@ func (r *request) stageIn(d *device) {
 }
 
 // vectorable says whether r's range and pieces are multiples of align
-// (0: never), and few enough for the vectors of its I/Os (r.iov).
+// (0: never), the pieces large enough on average (vectorMinPiece), and
+// few enough for the vectors of its I/Os (r.iov).
 func (r *request) vectorable(align uint64) bool {
-	if align == 0 || uint64(r.off)%align != 0 || r.bytes%align != 0 || len(r.pieces) > maxPieces {
+	if align == 0 || uint64(r.off)%align != 0 || r.bytes%align != 0 || len(r.pieces) > maxPieces ||
+		r.bytes < vectorMinPiece*uint64(len(r.pieces)) {
 		return false
 	}
 	for _, p := range r.pieces {

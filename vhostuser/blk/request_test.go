@@ -183,24 +183,25 @@ func FuzzParse(f *testing.F) {
 
 // TestVectors: the vectors of any byte range of a request's pieces hold
 // exactly those bytes, in order, and a request is vectorable only when its
-// range and every piece are multiples of the alignment.
+// range and every piece are multiples of the alignment and the pieces are
+// large.
 func TestVectors(t *testing.T) {
-	mem := make([]byte, 64<<10)
+	mem := make([]byte, 1<<20)
 	for i := range mem {
 		mem[i] = byte(i * 7)
 	}
-	// Pieces of 4, 8, 4 and 12 KiB with gaps between them.
+	// Pieces of 64, 128, 64 and 192 KiB with gaps between them.
 	r := &request{off: 8192}
 	var joined []byte
 	at := 0
-	for _, n := range []int{4096, 8192, 4096, 12288} {
+	for _, n := range []int{64 << 10, 128 << 10, 64 << 10, 192 << 10} {
 		r.pieces = append(r.pieces, mem[at:at+n])
 		joined = append(joined, mem[at:at+n]...)
 		at += n + 4096
 	}
 	r.bytes = uint64(len(joined))
 	r.iov = make([]unix.Iovec, 0, 16)
-	for _, c := range [][2]int{{0, len(joined)}, {0, 4096}, {4096, 8192}, {2048, 8192}, {12288, 16384}, {len(joined) - 512, 512}} {
+	for _, c := range [][2]int{{0, len(joined)}, {0, 4096}, {4096, 64 << 10}, {2048, 192 << 10}, {64<<10 - 512, 256 << 10}, {len(joined) - 512, 512}} {
 		r.iov = r.iov[:0]
 		var got []byte
 		for _, v := range r.vectors(c[0], c[1]) {
@@ -222,5 +223,9 @@ func TestVectors(t *testing.T) {
 	r.off = 512
 	if r.vectorable(512) != (base%512 == 0) || r.vectorable(4096) {
 		t.Errorf("a request at 512 bytes: vectorable(512) %v, vectorable(4096) %v", r.vectorable(512), r.vectorable(4096))
+	}
+	small := &request{pieces: [][]byte{mem[:4096], mem[8192:12288]}, bytes: 8192}
+	if small.vectorable(512) {
+		t.Error("a request of two 4 KiB pieces is vectorable")
 	}
 }
