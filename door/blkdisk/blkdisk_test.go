@@ -282,7 +282,7 @@ func TestReadWrite(t *testing.T) {
 // that are not next to each other (as a guest's buffer is) reaches the
 // store as one request, and reads back the same bytes into buffers
 // scattered otherwise. On a plain disk, a request whose range and pieces
-// are block-aligned and whose pieces are large (a guest on huge pages)
+// are block-aligned and whose pieces are large (buffers on huge pages)
 // goes to the backing straight from and into its pieces (vectored); the
 // others, and every one on an encrypted disk, are staged
 // through one buffer, on the owner's planned path and on the blocking

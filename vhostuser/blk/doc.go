@@ -33,20 +33,21 @@
 // staged: planned as one range of one pooled buffer (request.stage), so
 // that the store sees one large request, not one per guest page; one
 // larger than maxStaged is planned piece by piece. When the range and the
-// pieces are block-aligned, the pieces large (vectorMinPiece: a guest on
-// huge pages) and the disk plain, the stage is only the planned range: each backing I/O is made vectored over the pieces it
+// pieces are block-aligned, the pieces large (vectorMinPiece: buffers on
+// huge pages in the guest) and the disk plain, the stage is only the
+// planned range: each backing I/O is made vectored over the pieces it
 // covers (iouring.Vectored) and nothing is copied (request.direct);
 // otherwise (and when the plan has holes to read, or I/O not on the ring)
 // the owner fills the stage from the pieces before a write and copies it
-// out to them after a read. What it cannot plan
-// (unaligned pieces, holes the planner would wait for, more than
-// maxPieces pieces), FLUSH, DISCARD, WRITE_ZEROES, and plans whose I/O
-// failed or came back short go to the queue's workers, on the blocking
-// path (Disk.ReadAt, WriteAt, Flush, Discard, WriteZeroes), which reports
-// errors. GET_ID and unsupported types are answered at once. The owner
-// never parks, so it passes through the Go scheduler every few
-// milliseconds (iouring.Yielder): else the runtime would preempt it every
-// time slice and its monitor thread would poll while it sleeps.
+// out to them after a read. What it cannot plan (unaligned pieces, holes
+// the planner would wait for, more than maxPieces pieces), FLUSH, DISCARD,
+// WRITE_ZEROES, and plans whose I/O failed or came back short go to the
+// queue's workers, on the blocking path (Disk.ReadAt, WriteAt, Flush,
+// Discard, WriteZeroes), which reports errors. GET_ID and unsupported
+// types are answered at once. The owner never parks, so it passes through
+// the Go scheduler every few milliseconds (iouring.Yielder): else the
+// runtime would preempt it every time slice and its monitor thread would
+// poll while it sleeps.
 //
 // # Writes survive a daemon restart
 //
