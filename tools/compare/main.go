@@ -53,6 +53,7 @@ type options struct {
 	scratch, store, mount, vdisk string
 	serverPID                    int
 	targets, baseline            string
+	baselineSet                  bool // --baseline was given (with --from-json: take the ratios anew)
 	rounds                       int
 	runtime, ramp, settle        time.Duration
 	size                         int64
@@ -94,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.jsonOut, "json", "", "write the full report (every run) as JSON to this file (- for stdout)")
 	fs.StringVar(&o.mdOut, "markdown", "", "write the table as markdown to this file (- for stdout)")
 	fs.StringVar(&o.chartOut, "chart", "", "draw a chart to this .png or .svg file")
-	fs.StringVar(&o.fromJSON, "from-json", "", "render a report written by --json instead of measuring")
+	fs.StringVar(&o.fromJSON, "from-json", "", "render a report written by --json instead of measuring (with --baseline: its ratios against that target)")
 	fs.StringVar(&o.fioBin, "fio", "fio", "fio binary")
 	fs.StringVar(&o.device, "device", "", "block device for the device columns (default: the one holding the scratch directory)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the scratch files")
@@ -130,6 +131,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	fs.Visit(func(f *flag.Flag) { o.baselineSet = o.baselineSet || f.Name == "baseline" })
 	var err error
 	if o.size, err = parseSize(*size); err != nil {
 		return nil, fmt.Errorf("--size: %w", err)
@@ -269,6 +271,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if o.fromJSON != "" {
 		rep, err := readReportFile(o.fromJSON)
+		if err == nil && o.baselineSet {
+			err = rep.rebase(o.baseline)
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "compare: %v\n", err)
 			return exitFailed

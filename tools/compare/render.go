@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -288,6 +289,16 @@ func readReportFile(path string) (*report, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return rep, nil
+}
+
+// rebase takes the report's ratios against another of its targets.
+func (r *report) rebase(baseline string) error {
+	if !slices.Contains(r.Targets, baseline) {
+		return fmt.Errorf("--baseline %s is not among the report's targets %s", baseline, strings.Join(r.Targets, ","))
+	}
+	r.Baseline = baseline
+	r.Results = aggregate(r.Runs, r.workloadNames(), r.Targets, baseline)
+	return nil
 }
 
 // fmtSize prints a byte count with a binary suffix.

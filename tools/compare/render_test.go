@@ -221,3 +221,22 @@ func TestNiceTicks(t *testing.T) {
 		}
 	}
 }
+
+// TestRebase: a report read back takes its ratios against another of its
+// targets; an absent one is refused.
+func TestRebase(t *testing.T) {
+	rep := fakeReport()
+	if err := rep.rebase("raw"); err != nil {
+		t.Fatal(err)
+	}
+	mb := rep.Results[0].get("mb_per_s")
+	if rep.Results[0].Target != "vdiskfs" || math.Abs(float64(mb.Ratio)-1001.5/2001.5) > 1e-9 || mb.RoundRatio == nil || mb.RoundRatio.N != 2 {
+		t.Errorf("vdiskfs against raw: %+v", mb)
+	}
+	if rep.Baseline != "raw" || rep.Results[2].get("mb_per_s").RoundRatio != nil {
+		t.Errorf("baseline %s, raw's own round ratio %+v", rep.Baseline, rep.Results[2].get("mb_per_s").RoundRatio)
+	}
+	if err := rep.rebase("qsd-vhost"); err == nil {
+		t.Error("rebase on a target the report lacks succeeded")
+	}
+}
