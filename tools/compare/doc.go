@@ -92,9 +92,12 @@
 // rate and average size, the backing device's I/O rate and average size
 // (/proc/diskstats, shared with every process on the machine), the serving
 // process's CPU seconds per GB served and microseconds per request, fio's
-// own CPU per GB, and the ratio of MB/s
-// to the baseline's. Output: a table on stdout, --markdown, --json (every
-// run too; --from-json renders it again) and --chart (PNG or SVG).
+// own CPU per GB, the ratio of the MB/s medians to the baseline's, and
+// the per-round ratio: median (min–max) over the rounds of each round's
+// MB/s over the baseline's in the same round, the one to read on a noisy
+// machine. Output: a table on stdout, --markdown, --json (every run too;
+// --from-json renders it again, with --baseline against another of its
+// targets) and --chart (PNG or SVG).
 //
 // docs/BENCHMARKS.md has the current run, the command that made it and how
 // to read it.

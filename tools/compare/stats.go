@@ -31,12 +31,10 @@ func (f *jfloat) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// stat sums up one metric of one workload on one target over the rounds.
+// stat sums up one metric of one workload on one target over the rounds:
+// its spread (in JSON its fields stand beside Ratio's), and the ratios.
 type stat struct {
-	Median jfloat `json:"median"`
-	Min    jfloat `json:"min"`
-	Max    jfloat `json:"max"`
-	N      int    `json:"n"` // rounds that had the figure
+	spread
 	// Ratio is this target's median over the baseline's (pass-through);
 	// null for the baseline itself or when either is unknown.
 	Ratio jfloat `json:"ratio_vs_baseline"`
@@ -52,7 +50,7 @@ type spread struct {
 	Median jfloat `json:"median"`
 	Min    jfloat `json:"min"`
 	Max    jfloat `json:"max"`
-	N      int    `json:"n"`
+	N      int    `json:"n"` // rounds that had the figure
 }
 
 // median of xs (NaNs dropped); NaN when none are left.
@@ -79,10 +77,16 @@ func finite(xs []float64) []float64 {
 	return v
 }
 
-// summarize gives median, min, max and count of xs, NaN-free.
+// summarize gives median, min, max and count of xs, NaN-free, and no
+// ratio yet.
 func summarize(xs []float64) stat {
+	return stat{spread: spreadOf(xs), Ratio: jfloat(math.NaN())}
+}
+
+// spreadOf gives median, min, max and count of xs, NaN-free.
+func spreadOf(xs []float64) spread {
 	v := finite(xs)
-	s := stat{Median: jfloat(math.NaN()), Min: jfloat(math.NaN()), Max: jfloat(math.NaN()), Ratio: jfloat(math.NaN()), N: len(v)}
+	s := spread{Median: jfloat(math.NaN()), Min: jfloat(math.NaN()), Max: jfloat(math.NaN()), N: len(v)}
 	if len(v) == 0 {
 		return s
 	}
@@ -110,7 +114,7 @@ func (c *cell) get(key string) stat {
 	if s, ok := c.Metrics[key]; ok {
 		return s
 	}
-	return stat{Median: jfloat(math.NaN()), Min: jfloat(math.NaN()), Max: jfloat(math.NaN()), Ratio: jfloat(math.NaN())}
+	return summarize(nil)
 }
 
 // aggregate turns runs into cells, workload-major in the given orders,
@@ -174,6 +178,6 @@ func roundRatios(m metricDef, rs, base []*runResult) *spread {
 			}
 		}
 	}
-	s := summarize(xs)
-	return &spread{Median: s.Median, Min: s.Min, Max: s.Max, N: s.N}
+	s := spreadOf(xs)
+	return &s
 }

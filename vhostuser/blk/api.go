@@ -160,8 +160,9 @@ type Stats struct {
 	// several pieces of guest memory, was planned as one range and went
 	// to the backing straight from and into those pieces (vectored I/O);
 	// Staged those whose data was copied through one buffer instead
-	// (pieces or a range not aligned to the block size, an encrypted
-	// disk, holes read, a backend that takes no vectors).
+	// (small pieces such as a guest's 4 KiB pages, pieces or a range not
+	// aligned to the block size, an encrypted disk, holes read, a backend
+	// that takes no vectors).
 	Vectored, Staged uint64
 	// Connects counts frontends served; Reconnects those after the
 	// first; Refused the connections refused while one was served;

@@ -43,14 +43,16 @@ type request struct {
 	// reads into or writes from in their place, so that it plans one
 	// range instead of one per piece (a guest's buffer is scattered over
 	// its pages): a write's pieces are copied in before it is planned, a
-	// read's copied out once it has succeeded. nil otherwise.
+	// read's copied out once it has succeeded (unless direct). nil
+	// otherwise.
 	stage []byte
 	one   [1][]byte // data's slice when staged: one[0] == stage
 	// direct, for a staged request of large aligned pieces: the stage is
-	// only the range the store plans, and the backing I/O goes straight from and into the
-	// pieces as vectored I/O (iov), unless the owner finds the plan
-	// cannot (undirect): a write's pieces are not copied in, a read's
-	// not copied out. iov holds the vectors of its I/Os in flight.
+	// only the range the store plans, and the backing I/O goes straight
+	// from and into the pieces as vectored I/O (iov), unless the owner
+	// finds the plan cannot (undirect): a write's pieces are not copied
+	// in, a read's not copied out. iov holds the vectors of its I/Os in
+	// flight.
 	direct bool
 	iov    []unix.Iovec
 	// The owner's plans: one IO per piece while the request is planned.
@@ -126,7 +128,8 @@ func (r *request) undirect(d *device) {
 
 // vectors appends to r.iov the vectors of the request's bytes [at,
 // at+n), across its pieces, and returns them. r.iov has room for every
-// I/O of a plan (see plan): it is never reallocated while I/O is in flight.
+// I/O of a plan (issueDirect): it is never reallocated while I/O is in
+// flight.
 func (r *request) vectors(at, n int) []unix.Iovec {
 	start, pos := len(r.iov), 0
 	for _, p := range r.pieces {
