@@ -1,8 +1,8 @@
 // Package door is the seam between the store and a door: a transport whose
 // own threads carry disk reads and writes without blocking (the
-// FUSE-over-io_uring queues of package fs/fuseuring today; the vhost-user
-// queues next). A door knows its requests and its ring; the store knows
-// maps and backings; neither imports the other. A door depends on the two
+// FUSE-over-io_uring queues of package fs/fuseuring and the vhost-user-blk
+// queues of package vhostuser/blk). A door knows its requests and its
+// ring; the store knows maps and backings; neither imports the other. A door depends on the two
 // interfaces here, and an adapter (package door/storeplan) provides them
 // from package image.
 //
@@ -24,6 +24,21 @@
 // ends the request as failed and serves it again on a path that may block,
 // which reports the error.
 //
+// # Submitting a burst
+//
+// A loop takes its requests in bursts: a queue's worth of random 4 KiB
+// reads comes back together and is sent again together. io_uring plugs
+// the block layer for a batch of three or more entries, so no I/O of a
+// batch reaches the device until the kernel has built them all: a burst
+// submitted at the end of the loop's pass reaches the device only once
+// its last request is planned, the device idles meanwhile, and the
+// requests come back together again, round after round, as a convoy. So
+// a loop submits the ring entries of small requests (below SmallIO) as
+// soon as SmallGroup of them wait (SubmitNow). One system call per request
+// would cost a system call each, dear in a virtual machine; larger
+// requests stay batched per pass, where the plug merges the neighbours of
+// a sequential stream into larger device requests.
+//
 // # Concurrency
 //
 // A Plan and a Completions belong to one submission loop (a queue's owner
@@ -34,6 +49,21 @@
 package door
 
 import "github.com/vdiskfs/vdiskfs/internal/iouring"
+
+// SmallIO and SmallGroup: a loop submits the ring entries of requests
+// smaller than SmallIO bytes as soon as SmallGroup entries wait
+// ("Submitting a burst"). Groups of four beat one entry per system call
+// and one batch per pass in paired runs of 4 KiB random I/O at iodepth
+// 32, on both doors.
+const (
+	SmallIO    = 64 << 10
+	SmallGroup = 4
+)
+
+// SubmitNow says whether a loop that has just put on its ring the entries
+// of a request of size bytes, pending entries now waiting, submits them
+// at once rather than at the end of its pass.
+func SubmitNow(size int, pending uint32) bool { return size < SmallIO && pending >= SmallGroup }
 
 // A Plan is one planned request: the backing I/Os to issue, valid from a
 // successful plan until the request ends.

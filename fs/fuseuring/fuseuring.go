@@ -41,14 +41,9 @@
 // queues the replies, and arms the read again. So a request costs no
 // goroutine and no thread wake-up in the server beyond the owner's own,
 // as on a file.
-// Small requests' backing I/O (under 64 KiB each) goes to the device in
-// groups of four, an io_uring_enter per group: io_uring plugs the block
-// layer around a batch of three or more, and no request of a batch
-// reaches the device until the kernel has built them all, so a whole
-// pass (~30 random 4 KiB reads) in one batch waits in the plug, while a
-// system call per request costs more than the plug saves (system calls
-// are dear in a virtual machine). Larger requests' I/O goes in one
-// io_uring_enter per pass, where the plug merges a sequential stream.
+// Small requests' backing I/O goes to the device a few requests at a
+// time, larger requests' in one io_uring_enter per pass (package door,
+// "Submitting a burst").
 // Replies go in the next batch of commits. No goroutine and no thread is
 // woken for such a request; 4 KiB random reads and writes cost the server
 // a third of the CPU they cost through a worker.
@@ -142,23 +137,6 @@ const (
 	// maxPlanIOs is the most backing I/Os one READ or WRITE may take on
 	// the owner; more fragmented requests go to a worker.
 	maxPlanIOs = 8
-
-	// smallIO, smallGroup: the owner submits the backing I/O of requests
-	// smaller than smallIO as soon as smallGroup of them are queued, in
-	// an io_uring_enter of their own (what is left goes at the end of the
-	// pass). io_uring plugs the block layer for a batch of three or more:
-	// no request of the batch reaches the device until the kernel has
-	// built them all, so in a batch of a queue's worth of random 4 KiB
-	// reads each waited in the plug. One io_uring_enter per request avoided that but cost a
-	// system call each, and a system call is dear in a virtual machine.
-	// Groups of four, in paired runs of 4 KiB random I/O at iodepth 32,
-	// beat one at a time for reads by far and for writes a little, with
-	// a quarter of the system calls and less of the daemon's CPU; a whole
-	// pass per batch made writes slower than either.
-	// Larger requests stay batched per pass: the plug merges neighbours
-	// of a sequential stream into larger device requests.
-	smallIO    = 64 << 10
-	smallGroup = 4
 
 	// bigCipher: a read of an encrypted disk with at least this many
 	// bytes to decrypt (door.Plan.CipherBytes) is ended (decrypted) by a
@@ -745,7 +723,7 @@ func (q *queue) startIO(rg *iouring.Ring, e *entry) bool {
 		return true
 	}
 	q.ownerIO++
-	if queued && size < smallIO && rg.Pending() >= smallGroup {
+	if queued && door.SubmitNow(size, rg.Pending()) { // package door: "Submitting a burst"
 		q.enter(rg, false)
 	}
 	return true

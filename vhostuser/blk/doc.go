@@ -27,8 +27,9 @@
 // next to each other in guest and in host memory are one) plans it with
 // the Disk's IO straight into or out of guest memory, and issues the
 // plan's backing I/O on its ring (door.Plan.PrepareSQE), on its completion
-// queue (Start) or at once (Do). No copy and no allocation per request: the
-// slots, their chains and the plans are reused. A read or write whose data
+// queue (Start) or at once (Do), submitting the ring every few small
+// requests of a burst (door.SubmitNow). No copy and no allocation per
+// request: the slots, their chains and the plans are reused. A read or write whose data
 // is scattered over several pieces (a guest's buffer over its pages) is
 // staged: planned as one range of one pooled buffer (request.stage), so
 // that the store sees one large request, not one per guest page; one

@@ -280,7 +280,9 @@ func (o *owner) enter(rg *iouring.Ring, wait bool) {
 	}
 }
 
-// take takes available requests while there are free slots.
+// take takes available requests while there are free slots, and submits
+// the backing I/O of small ones as it goes (package door: "Submitting a
+// burst").
 func (o *owner) take(rg *iouring.Ring) {
 	for len(o.free) > 0 {
 		r := &o.reqs[o.free[len(o.free)-1]]
@@ -302,6 +304,9 @@ func (o *owner) take(rg *iouring.Ring) {
 			continue
 		}
 		o.startRequest(rg, r)
+		if door.SubmitNow(int(r.bytes), rg.Pending()) {
+			o.enter(rg, false)
+		}
 	}
 }
 
