@@ -303,8 +303,7 @@ func (o *owner) take(rg *iouring.Ring) {
 			o.bad(r, err)
 			continue
 		}
-		o.startRequest(rg, r)
-		if door.SubmitNow(int(r.bytes), rg.Pending()) {
+		if size := o.startRequest(rg, r); door.SubmitNow(size, rg.Pending()) {
 			o.enter(rg, false)
 		}
 	}
@@ -353,12 +352,15 @@ func (o *owner) complete(r *request) {
 // toWorker hands r to a worker (never blocks: room for every slot).
 func (o *owner) toWorker(r *request) { o.work <- r }
 
-// startRequest serves r on the owner if it can, else hands it to a worker.
-func (o *owner) startRequest(rg *iouring.Ring, r *request) {
+// startRequest serves r on the owner if it can, else hands it to a
+// worker. It returns the bytes r covers, read before r may have gone to
+// a worker (from then on the worker owns it).
+func (o *owner) startRequest(rg *iouring.Ring, r *request) (size int) {
 	if err := r.parse(o.d); err != nil {
 		o.bad(r, err)
-		return
+		return 0
 	}
+	size = int(r.bytes)
 	if r.status == statusPending {
 		r.stageIn(o.d)
 	}
@@ -376,6 +378,7 @@ func (o *owner) startRequest(rg *iouring.Ring, r *request) {
 		r.undirect(o.d)
 		o.toWorker(r)
 	}
+	return size
 }
 
 // plan plans r's data (its stage, or its pieces) and issues their
