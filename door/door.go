@@ -2,9 +2,9 @@
 // own threads carry disk reads and writes without blocking (the
 // FUSE-over-io_uring queues of package fs/fuseuring and the vhost-user-blk
 // queues of package vhostuser/blk). A door knows its requests and its
-// ring; the store knows maps and backings; neither imports the other. A door depends on the two
-// interfaces here, and an adapter (package door/storeplan) provides them
-// from package image.
+// ring; the store knows maps and backings; neither imports the other. A
+// door depends on the two interfaces here, and an adapter (package
+// door/storeplan) provides them from package image.
 //
 // # A request's life
 //

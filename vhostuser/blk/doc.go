@@ -29,11 +29,11 @@
 // plan's backing I/O on its ring (door.Plan.PrepareSQE), on its completion
 // queue (Start) or at once (Do), submitting the ring every few small
 // requests of a burst (door.SubmitNow). No copy and no allocation per
-// request: the slots, their chains and the plans are reused. A read or write whose data
-// is scattered over several pieces (a guest's buffer over its pages) is
-// staged: planned as one range of one pooled buffer (request.stage), so
-// that the store sees one large request, not one per guest page; one
-// larger than maxStaged is planned piece by piece. When the range and the
+// request: the slots, their chains and the plans are reused. A read or
+// write whose data is scattered over several pieces (a guest's buffer
+// over its pages) is staged: planned as one range of one pooled buffer
+// (request.stage), so that the store sees one large request, not one per
+// guest page; one larger than maxStaged is planned piece by piece. When the range and the
 // pieces are block-aligned, the pieces large (vectorMinPiece: buffers on
 // huge pages in the guest) and the disk plain, the stage is only the
 // planned range: each backing I/O is made vectored over the pieces it
