@@ -299,12 +299,46 @@ func TestScatteredRequests(t *testing.T) {
 			defer key.Close()
 		}
 		tc := newCaseWith(t, newFileStore(t, varTmp(t)), key)
-		scatteredRequests(t, tc, encrypted)
+		scatteredRequests(t, tc, tc.dial(frontend.Options{MaxSegments: 254}), encrypted) // as QEMU's vda: seg_max
 	}
 }
 
-func scatteredRequests(t *testing.T, tc *testCase, encrypted bool) {
-	d := tc.dial(frontend.Options{MaxSegments: 254}) // as QEMU's vda: seg_max
+// TestHugePageGuestMemory: guest memory on hugetlb pages, as a VM with
+// huge-page memory has it, is served as any other: the scattered shapes
+// of TestScatteredRequests (vectored where their pieces are large), and a
+// 1 MiB request in one piece, planned straight into guest memory.
+func TestHugePageGuestMemory(t *testing.T) {
+	const size = 64 << 20
+	testutil.HugePages(t, size/frontend.HugePageSize)
+	mem, err := frontend.NewMemory(size, frontend.HugePages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() }) // after the devices close (cleanups run last first)
+	tc := newFileCase(t, varTmp(t))
+	d := tc.dial(frontend.Options{MaxSegments: 254, Memory: mem})
+	scatteredRequests(t, tc, d, false)
+
+	buf := alloc(t, d, 1<<20, frontend.HugePageSize)
+	rng := rand.New(rand.NewPCG(testutil.Seed(t), 3))
+	for i := range buf.Bytes {
+		buf.Bytes[i] = byte(rng.Uint32())
+	}
+	want := bytes.Clone(buf.Bytes)
+	before := tc.srv.Stats()
+	mustOK(t, d.Queues()[0], frontend.Request{Type: proto.BlkTOut, Sector: 4096, Data: []frontend.Buffer{buf}})
+	clear(buf.Bytes)
+	mustOK(t, d.Queues()[1], frontend.Request{Type: proto.BlkTIn, Sector: 4096, Data: []frontend.Buffer{buf}})
+	got := make([]byte, len(want))
+	if _, err := tc.disk.ReadAt(got, 4096*512); err != nil || !bytes.Equal(got, want) || !bytes.Equal(buf.Bytes, want) {
+		t.Fatalf("1 MiB in one huge page: read back or the disk differs (%v)", err)
+	}
+	if st := tc.srv.Stats(); st.Fallbacks != before.Fallbacks || st.Staged != before.Staged {
+		t.Errorf("1 MiB in one huge page: %d fallbacks, %d staged, want none", st.Fallbacks-before.Fallbacks, st.Staged-before.Staged)
+	}
+}
+
+func scatteredRequests(t *testing.T, tc *testCase, d *frontend.Device, encrypted bool) {
 	rng := rand.New(rand.NewPCG(testutil.Seed(t), 2))
 	// scattered returns n bytes as pieces of seg bytes, each in a buffer
 	// of its own with a page between them, and the buffers to free.

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -159,4 +160,53 @@ func SocketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
 		return c.(*net.UnixConn)
 	}
 	return conn(fds[0]), conn(fds[1])
+}
+
+// HugePages makes sure the kernel's pool holds n free 2 MiB hugetlb pages
+// (what a VM's huge-page memory comes from): as root it grows
+// vm.nr_hugepages by what is missing and shrinks it back at cleanup;
+// without root, or when the kernel cannot find the pages, the
+// prerequisite is missing (Missing).
+func HugePages(t testing.TB, n int) {
+	t.Helper()
+	free, total, err := hugePagesFree()
+	if err != nil {
+		Missing(t, "hugetlb pages: %v", err)
+	}
+	if free >= n {
+		return
+	}
+	if os.Geteuid() != 0 {
+		Missing(t, "%d free 2 MiB huge pages (%d free; as root the test reserves them)", n, free)
+	}
+	set := func(pages int) error {
+		return os.WriteFile("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", []byte(strconv.Itoa(pages)), 0)
+	}
+	if err := set(total + n - free); err != nil {
+		Missing(t, "reserving %d huge pages: %v", n-free, err)
+	}
+	t.Cleanup(func() {
+		if err := set(total); err != nil {
+			t.Errorf("giving the huge pages back (vm.nr_hugepages=%d): %v", total, err)
+		}
+	})
+	if free, _, err = hugePagesFree(); err != nil || free < n {
+		Missing(t, "%d free 2 MiB huge pages: the kernel found %d (%v)", n, free, err)
+	}
+}
+
+// hugePagesFree reads the free and total 2 MiB hugetlb pages.
+func hugePagesFree() (free, total int, err error) {
+	read := func(name string) (int, error) {
+		b, err := os.ReadFile("/sys/kernel/mm/hugepages/hugepages-2048kB/" + name)
+		if err != nil {
+			return 0, err
+		}
+		return strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	if free, err = read("free_hugepages"); err != nil {
+		return 0, 0, err
+	}
+	total, err = read("nr_hugepages")
+	return free, total, err
 }

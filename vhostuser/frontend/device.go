@@ -131,7 +131,7 @@ func Dial(opts Options) (*Device, error) {
 	if opts.Memory != nil {
 		d.mem = opts.Memory.m
 	} else {
-		mem, err := newMemory(opts.MemSize)
+		mem, err := newMemory(opts.MemSize, SmallPages)
 		if err != nil {
 			return nil, err
 		}

@@ -377,7 +377,7 @@ func TestQSDReconnect(t *testing.T) {
 }
 
 func TestAllocator(t *testing.T) {
-	m, err := newMemory(1 << 20)
+	m, err := newMemory(1<<20, SmallPages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +476,7 @@ func TestQSDSubmitChain(t *testing.T) {
 // other was handed, at the same guest address, and closing a device
 // leaves the memory to the other.
 func TestQSDSharedMemory(t *testing.T) {
-	mem, err := NewMemory(16 << 20)
+	mem, err := NewMemory(16<<20, SmallPages)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,10 +33,28 @@ func (b Buffer) Slice(off, n int) Buffer {
 // every device that uses it.
 type Memory struct{ m *memory }
 
-// NewMemory returns size bytes of guest memory (a multiple of the page
-// size).
-func NewMemory(size int64) (*Memory, error) {
-	m, err := newMemory(size)
+// Pages says what backs guest memory.
+type Pages int
+
+const (
+	// SmallPages is a memfd on the kernel's base pages, as a VM without
+	// huge pages has: a buffer's pages are scattered in physical memory.
+	SmallPages Pages = iota
+	// HugePages is a memfd on 2 MiB hugetlb pages from the kernel's pool
+	// (vm.nr_hugepages), as a VM with huge-page memory has: a buffer within
+	// one huge page is physically contiguous.
+	HugePages
+)
+
+// HugePageSize is the size of the pages HugePages uses; memory on them is
+// a multiple of it.
+const HugePageSize = 2 << 20
+
+// NewMemory returns size bytes of guest memory on the given pages (a
+// multiple of the page size). Memory on HugePages fails unless the
+// kernel's pool has size bytes free.
+func NewMemory(size int64, pages Pages) (*Memory, error) {
+	m, err := newMemory(size, pages)
 	if err != nil {
 		return nil, err
 	}
@@ -62,11 +80,15 @@ type memory struct {
 
 type span struct{ off, n uint64 }
 
-func newMemory(size int64) (*memory, error) {
-	if size <= 0 || size%int64(unix.Getpagesize()) != 0 {
-		return nil, fmt.Errorf("guest memory of %d bytes: want a positive multiple of the page size", size)
+func newMemory(size int64, pages Pages) (*memory, error) {
+	page, flags := int64(unix.Getpagesize()), unix.MFD_CLOEXEC
+	if pages == HugePages {
+		page, flags = HugePageSize, flags|unix.MFD_HUGETLB|unix.MFD_HUGE_2MB
 	}
-	fd, err := unix.MemfdCreate("vhost-user-frontend", unix.MFD_CLOEXEC)
+	if size <= 0 || size%page != 0 {
+		return nil, fmt.Errorf("guest memory of %d bytes: want a positive multiple of the page size (%d)", size, page)
+	}
+	fd, err := unix.MemfdCreate("vhost-user-frontend", flags)
 	if err != nil {
 		return nil, fmt.Errorf("memfd: %w", err)
 	}
@@ -74,9 +96,14 @@ func newMemory(size int64) (*memory, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("memfd size: %w", err)
 	}
+	// A hugetlb mapping reserves its pages here: an empty pool fails now,
+	// not at the first touch.
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
+		if pages == HugePages {
+			return nil, fmt.Errorf("mmap guest memory on huge pages (the pool needs %d free: sysctl vm.nr_hugepages): %w", size/HugePageSize, err)
+		}
 		return nil, fmt.Errorf("mmap guest memory: %w", err)
 	}
 	m := &memory{fd: fd, mem: mem, base: uint64(uintptr(unsafe.Pointer(&mem[0])))}
