@@ -70,6 +70,15 @@
 // The scratch directory must be on the same backing as the store (it is by
 // default) and not on tmpfs.
 //
+// With --hugepages, the I/O buffers of the host's targets are on 2 MiB
+// hugetlb pages, as a VM's are when its memory is on huge pages: the
+// vhost targets' guest memory (one memfd, MFD_HUGETLB), raw-uring's
+// buffers, and fio's (iomem=shmhuge). The kernel's pool must have them
+// free (sysctl vm.nr_hugepages; 128 covers the vhost job file). Without
+// it the buffers are on base pages, where a 1 MiB buffer is scattered in
+// physical memory and a virtual disk below may take it as more than one
+// request (the device KiB column says).
+//
 // # Workloads
 //
 // The generator targets read each fio job's shape (rw, bs, iodepth,

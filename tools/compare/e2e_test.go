@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vdiskfs/vdiskfs/tests/testutil"
+	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 )
 
 // needMounts skips (fails in CI) a test that needs root, /dev/fuse and fio;
@@ -211,7 +213,9 @@ func TestQSDTarget(t *testing.T) {
 // TestGeneratorTargets runs fio on the raw file and the load generator on
 // the same file through io_uring and on qemu-storage-daemon's vhost-user-blk
 // export of another: every run completes and moves data, the daemon's CPU
-// per I/O is known, and the generator's figures land where fio's do.
+// per I/O is known, and the generator's figures land where fio's do. Once
+// with the buffers on the kernel's base pages, once on huge pages
+// (--hugepages: the guest memory, raw-uring's buffers, fio's iomem).
 func TestGeneratorTargets(t *testing.T) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		testutil.Missing(t, "needs fio (apt-get install fio)")
@@ -219,12 +223,27 @@ func TestGeneratorTargets(t *testing.T) {
 	if _, _, err := findQSD(); err != nil {
 		testutil.Missing(t, "%v", err)
 	}
+	for _, huge := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hugepages=%v", huge), func(t *testing.T) { generatorTargets(t, huge) })
+	}
+}
+
+func generatorTargets(t *testing.T, huge bool) {
+	args := []string{"--size", "64M", "--rounds", "1", "--runtime", "1s", "--ramp", "0s", "--settle", "0s",
+		"--targets", "raw,raw-uring,qsd-vhost", "--baseline", "raw",
+		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32"}
+	if huge {
+		// The guest memory (vhostMemory), then raw-uring's or fio's
+		// buffers for 16 × 1 MiB, one at a time.
+		testutil.HugePages(t, vhostMemory/frontend.HugePageSize+16)
+		args = append(args, "--hugepages")
+	}
 	scratch, out := t.TempDir(), t.TempDir()
 	js := filepath.Join(out, "r.json")
-	rep := runReport(t, js,
-		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "1s", "--ramp", "0s", "--settle", "0s",
-		"--targets", "raw,raw-uring,qsd-vhost", "--baseline", "raw",
-		"--workloads", "seq-write-1m-qd16,rand-read-4k-qd32")
+	rep := runReport(t, js, append([]string{"--scratch", scratch}, args...)...)
+	if rep.Config.HugePages != huge {
+		t.Errorf("the report says huge pages %v, want %v", rep.Config.HugePages, huge)
+	}
 	if len(rep.Runs) != 6 {
 		t.Fatalf("%d runs, want 2 workloads × 3 targets", len(rep.Runs))
 	}

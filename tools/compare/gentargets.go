@@ -34,20 +34,25 @@ type genTarget interface {
 
 // --- the raw file through io_uring ---
 
-type rawUringTarget struct{ rawTarget }
+type rawUringTarget struct {
+	rawTarget
+	hugePages bool // buffers on hugetlb pages (--hugepages)
+}
 
 // newRawUring uses the raw target's file, so that its runs and fio's are
 // on the very same file.
-func newRawUring(path string, size int64) (*rawUringTarget, error) {
+func newRawUring(path string, size int64, hugePages bool) (*rawUringTarget, error) {
 	r, err := newRaw(path, size)
 	if err != nil {
 		return nil, err
 	}
-	return &rawUringTarget{*r}, nil
+	return &rawUringTarget{*r, hugePages}, nil
 }
 
-func (t *rawUringTarget) Name() string           { return targetRawUring }
-func (t *rawUringTarget) engine() loadgen.Engine { return loadgen.File{Path: t.path} }
+func (t *rawUringTarget) Name() string { return targetRawUring }
+func (t *rawUringTarget) engine() loadgen.Engine {
+	return loadgen.File{Path: t.path, HugePages: t.hugePages}
+}
 
 // --- a vhost-user-blk device ---
 

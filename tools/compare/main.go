@@ -63,6 +63,7 @@ type options struct {
 	fromJSON                     string
 	fioBin, device               string
 	keep, quiet                  bool
+	hugePages                    bool
 	cpuProfile                   string
 	commitInterval               time.Duration
 	ioEngine                     backend.Engine
@@ -99,6 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.fioBin, "fio", "fio", "fio binary")
 	fs.StringVar(&o.device, "device", "", "block device for the device columns (default: the one holding the scratch directory)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the scratch files")
+	fs.BoolVar(&o.hugePages, "hugepages", false, "put the I/O buffers on 2 MiB hugetlb pages, as a VM with huge-page memory has them: the vhost targets' guest memory, raw-uring's and fio's (iomem=shmhuge); the kernel's pool must have them free (sysctl vm.nr_hugepages)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
 	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "commit timer of the in-process vdiskfs store (0: the store's default, negative: off), for experiments")
 	fuseTransport := fs.String("fuse-transport", "auto", "how the in-process vdiskfs mount gets its FUSE requests: auto, io_uring or dev (fs.Options.Transport)")
@@ -342,6 +344,9 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		if err := checkGuestJobs(jobs); err != nil {
 			return nil, err
 		}
+		if o.hugePages {
+			return nil, errors.New("--hugepages is for the host's targets: a guest's fio buffers are on the guest's own pages")
+		}
 	}
 	if slices.Contains(targetNames, targetQSD) || slices.Contains(targetNames, targetQSDVhost) {
 		if _, _, err := findQSD(); err != nil {
@@ -399,7 +404,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 
 	// The vhost targets' guest memory (vhostDevice says why one), closed
 	// after them.
-	guestMem, err := frontend.NewMemory(vhostMemory)
+	pages, iomem := frontend.SmallPages, ""
+	if o.hugePages {
+		pages, iomem = frontend.HugePages, "shmhuge"
+	}
+	guestMem, err := frontend.NewMemory(vhostMemory, pages)
 	if err != nil {
 		return nil, err
 	}
@@ -473,7 +482,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 		case targetQSDVhost:
 			t, err = newQSDVhost(ctx, work, o.size, guestMem)
 		case targetRawUring:
-			t, err = newRawUring(filepath.Join(work, "raw.img"), o.size)
+			t, err = newRawUring(filepath.Join(work, "raw.img"), o.size, o.hugePages)
 		case targetGuestVhost, targetGuestFile:
 			if guestSet == nil {
 				vdisk, lerr := lookPath(o.vdisk)
@@ -523,7 +532,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			Size: o.size, Jobs: jobs, Baseline: o.baseline,
 		},
 		targets: targets,
-		runner:  &fio.Runner{Bin: fioBin, Dir: work, Var: vars},
+		runner:  &fio.Runner{Bin: fioBin, Dir: work, Var: vars, IOMem: iomem},
 		device:  dev,
 		log:     log,
 	}
@@ -544,6 +553,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	}
 	rep.Config.IOEngine = ioEngineUsed
 	rep.Config.FUSETransport = transportUsed
+	rep.Config.HugePages = o.hugePages
 
 	if dev != nil {
 		rep.Config.Device = fmt.Sprintf("%s (%d:%d)", dev.Name, dev.Major, dev.Minor)

@@ -46,6 +46,9 @@ type configInfo struct {
 	// FUSETransport is how the in-process vdiskfs mount got its requests
 	// (io_uring or dev), when it ran.
 	FUSETransport string `json:"fuse_transport,omitempty"`
+	// HugePages is --hugepages: the generator's and fio's buffers on
+	// hugetlb pages.
+	HugePages bool `json:"huge_pages,omitempty"`
 }
 
 type workloadInfo struct {
@@ -226,6 +229,9 @@ func (r *report) machineLine() string {
 	}
 	if r.Config.FUSETransport != "" {
 		procs += ", vdiskfs FUSE transport " + r.Config.FUSETransport
+	}
+	if r.Config.HugePages {
+		procs += ", I/O buffers and guest memory on 2 MiB huge pages"
 	}
 	return fmt.Sprintf("Machine: %d × %s, %.0f GiB, Linux %s, %s, %s%s; scratch on %s, device %s; "+
 		"1-minute load average %s before, %s after%s; %s to %s UTC.",

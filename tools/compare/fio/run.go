@@ -49,6 +49,9 @@ type Runner struct {
 	Bin string            // path of fio
 	Dir string            // where job files are written ("" = os.TempDir())
 	Var map[string]string // ${NAME} replacements (COMPARE_RUNTIME, ...)
+	// IOMem is fio's iomem= for every job ("": fio's own default, malloc),
+	// set before the job's text, which may still override it.
+	IOMem string
 }
 
 // Run runs job on file and returns fio's parsed output, its raw JSON, and
@@ -59,7 +62,11 @@ func (r *Runner) Run(ctx context.Context, job Job, file string) (*Output, []byte
 		return nil, nil, 0, err
 	}
 	defer os.Remove(jf.Name())
-	if _, err := jf.WriteString(job.FileText(file, r.Var)); err != nil {
+	text := job.FileText(file, r.Var)
+	if r.IOMem != "" {
+		text = "[global]\niomem=" + r.IOMem + "\n" + text
+	}
+	if _, err := jf.WriteString(text); err != nil {
 		jf.Close()
 		return nil, nil, 0, err
 	}

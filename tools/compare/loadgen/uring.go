@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vdiskfs/vdiskfs/internal/iouring"
+	"github.com/vdiskfs/vdiskfs/vhostuser/frontend"
 )
 
 // File is an Engine on a plain file or block device: O_DIRECT reads and
@@ -15,6 +16,9 @@ import (
 // opened it (Run locks it).
 type File struct {
 	Path string
+	// HugePages puts the buffers on 2 MiB hugetlb pages from the kernel's
+	// pool, as fio's iomem=shmhuge does.
+	HugePages bool
 }
 
 type fileQueue struct {
@@ -39,7 +43,11 @@ func (f File) Open(depth, bs int) (Queue, error) {
 			return nil, err
 		}
 	}
-	if q.mem, err = unix.Mmap(-1, 0, depth*bs, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
+	size, flags := depth*bs, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE
+	if f.HugePages {
+		size, flags = (size+frontend.HugePageSize-1)&^(frontend.HugePageSize-1), flags|unix.MAP_HUGETLB|unix.MAP_HUGE_2MB
+	}
+	if q.mem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, flags); err != nil {
 		q.Close()
 		return nil, fmt.Errorf("buffers: %w", err)
 	}
