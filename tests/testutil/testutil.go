@@ -180,7 +180,7 @@ func HugePages(t testing.TB, n int) {
 		Missing(t, "%d free 2 MiB huge pages (%d free; as root the test reserves them)", n, free)
 	}
 	set := func(pages int) error {
-		return os.WriteFile("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", []byte(strconv.Itoa(pages)), 0)
+		return os.WriteFile(hugePagesDir+"nr_hugepages", []byte(strconv.Itoa(pages)), 0)
 	}
 	if err := set(total + n - free); err != nil {
 		Missing(t, "reserving %d huge pages: %v", n-free, err)
@@ -195,10 +195,13 @@ func HugePages(t testing.TB, n int) {
 	}
 }
 
+// hugePagesDir holds the kernel's counters of its 2 MiB hugetlb pool.
+const hugePagesDir = "/sys/kernel/mm/hugepages/hugepages-2048kB/"
+
 // hugePagesFree reads the free and total 2 MiB hugetlb pages.
 func hugePagesFree() (free, total int, err error) {
 	read := func(name string) (int, error) {
-		b, err := os.ReadFile("/sys/kernel/mm/hugepages/hugepages-2048kB/" + name)
+		b, err := os.ReadFile(hugePagesDir + name)
 		if err != nil {
 			return 0, err
 		}

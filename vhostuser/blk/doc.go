@@ -18,37 +18,36 @@
 //
 // # One owner per queue
 //
-// Each started queue has an owner goroutine, locked to its thread, with
-// an io_uring of its own, on which it keeps reads armed of the queue's
-// kick eventfd, of its own wake eventfd and of the backend's completion
-// queue (door.Completions), and sleeps in io_uring_enter. It takes the
-// requests the driver made available into its slots (one per ring entry),
-// and for a read or write whose data is one contiguous piece (buffers
-// next to each other in guest and in host memory are one) plans it with
-// the Disk's IO straight into or out of guest memory, and issues the
-// plan's backing I/O on its ring (door.Plan.PrepareSQE), on its completion
-// queue (Start) or at once (Do), submitting the ring every few small
-// requests of a burst (door.SubmitNow). No copy and no allocation per
-// request: the slots, their chains and the plans are reused. A read or
-// write whose data is scattered over several pieces (a guest's buffer
-// over its pages) is staged: planned as one range of one pooled buffer
-// (request.stage), so that the store sees one large request, not one per
-// guest page; one larger than maxStaged is planned piece by piece. When the range and the
-// pieces are block-aligned, the pieces large (vectorMinPiece: buffers on
-// huge pages in the guest) and the disk plain, the stage is only the
-// planned range: each backing I/O is made vectored over the pieces it
-// covers (iouring.Vectored) and nothing is copied (request.direct);
-// otherwise (and when the plan has holes to read, or I/O not on the ring)
-// the owner fills the stage from the pieces before a write and copies it
-// out to them after a read. What it cannot plan (unaligned pieces, holes
-// the planner would wait for, more than maxPieces pieces), FLUSH, DISCARD,
-// WRITE_ZEROES, and plans whose I/O failed or came back short go to the
-// queue's workers, on the blocking path (Disk.ReadAt, WriteAt, Flush,
-// Discard, WriteZeroes), which reports errors. GET_ID and unsupported
-// types are answered at once. The owner never parks, so it passes through
-// the Go scheduler every few milliseconds (iouring.Yielder): else the
-// runtime would preempt it every time slice and its monitor thread would
-// poll while it sleeps.
+// Each started queue has an owner goroutine, locked to its thread, with an
+// io_uring of its own, on which it keeps reads armed of the queue's kick
+// eventfd, of its own wake eventfd and of the backend's completion queue
+// (door.Completions), and sleeps in io_uring_enter. It takes the requests
+// the driver made available into its slots (one per ring entry), and for a
+// read or write whose data is one contiguous piece (buffers next to each
+// other in guest and in host memory are one) plans it with the Disk's IO
+// straight into or out of guest memory, and issues the plan's backing I/O
+// on its ring (door.Plan.PrepareSQE), on its completion queue (Start) or at
+// once (Do), submitting the ring every few small requests of a burst
+// (door.SubmitNow). No copy and no allocation per request: the slots, their
+// chains and the plans are reused. A read or write whose data is scattered
+// over several pieces (a guest's buffer over its pages) is staged: planned
+// as one range of one pooled buffer (request.stage), so that the store sees
+// one large request, not one per guest page; one larger than maxStaged is
+// planned piece by piece. When the range and the pieces are block-aligned,
+// the pieces large (vectorMinPiece: buffers on huge pages in the guest) and
+// the disk plain, the stage is only the planned range: each backing I/O is
+// made vectored over the pieces it covers (iouring.Vectored) and nothing is
+// copied (request.direct); otherwise (and when the plan has holes to read,
+// or I/O not on the ring) the owner fills the stage from the pieces before
+// a write and copies it out to them after a read. What it cannot plan
+// (unaligned pieces, holes the planner would wait for, more than maxPieces
+// pieces), FLUSH, DISCARD, WRITE_ZEROES, and plans whose I/O failed or came
+// back short go to the queue's workers, on the blocking path (Disk.ReadAt,
+// WriteAt, Flush, Discard, WriteZeroes), which reports errors. GET_ID and
+// unsupported types are answered at once. The owner never parks, so it
+// passes through the Go scheduler every few milliseconds (iouring.Yielder):
+// else the runtime would preempt it every time slice and its monitor thread
+// would poll while it sleeps.
 //
 // # Writes survive a daemon restart
 //
