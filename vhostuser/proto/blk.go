@@ -103,23 +103,12 @@ type BlkSeg struct {
 }
 
 // Put writes s into b, which must hold BlkSegSize bytes.
-func (s BlkSeg) Put(b []byte) {
-	_ = b[BlkSegSize-1]
-	binary.LittleEndian.PutUint64(b[0:], s.Sector)
-	binary.LittleEndian.PutUint32(b[8:], s.NumSectors)
-	binary.LittleEndian.PutUint32(b[12:], s.Flags)
-}
+func (s BlkSeg) Put(b []byte) { copy(b[:BlkSegSize], encodeFixed(s)) }
 
 // DecodeBlkSeg reads one segment from b.
-func DecodeBlkSeg(b []byte) (BlkSeg, error) {
-	if len(b) < BlkSegSize {
-		return BlkSeg{}, fmt.Errorf("%w: virtio-blk segment of %d bytes, want %d", ErrMalformed, len(b), BlkSegSize)
-	}
-	return BlkSeg{
-		Sector:     binary.LittleEndian.Uint64(b[0:]),
-		NumSectors: binary.LittleEndian.Uint32(b[8:]),
-		Flags:      binary.LittleEndian.Uint32(b[12:]),
-	}, nil
+func DecodeBlkSeg(b []byte) (s BlkSeg, err error) {
+	err = decodeFixed("virtio-blk segment", b, &s)
+	return s, err
 }
 
 // BlkConfig is struct virtio_blk_config (packed, little endian) up to
@@ -151,6 +140,7 @@ type BlkConfig struct {
 	MinIOSize              uint16
 	OptIOSize              uint32
 	WCE                    uint8
+	_                      uint8
 	NumQueues              uint16
 	MaxDiscardSectors      uint32
 	MaxDiscardSeg          uint32
@@ -158,33 +148,11 @@ type BlkConfig struct {
 	MaxWriteZeroesSectors  uint32
 	MaxWriteZeroesSeg      uint32
 	WriteZeroesMayUnmap    uint8
+	_                      [3]uint8
 }
 
 // Encode returns the config space, BlkConfigSize bytes.
-func (c BlkConfig) Encode() []byte {
-	b := make([]byte, BlkConfigSize)
-	le := binary.LittleEndian
-	le.PutUint64(b[0:], c.Capacity)
-	le.PutUint32(b[8:], c.SizeMax)
-	le.PutUint32(b[12:], c.SegMax)
-	le.PutUint16(b[16:], c.Cylinders)
-	b[18] = c.Heads
-	b[19] = c.Sectors
-	le.PutUint32(b[20:], c.BlkSize)
-	b[24] = c.PhysicalBlockExp
-	b[25] = c.AlignmentOffset
-	le.PutUint16(b[26:], c.MinIOSize)
-	le.PutUint32(b[28:], c.OptIOSize)
-	b[32] = c.WCE
-	le.PutUint16(b[34:], c.NumQueues)
-	le.PutUint32(b[36:], c.MaxDiscardSectors)
-	le.PutUint32(b[40:], c.MaxDiscardSeg)
-	le.PutUint32(b[44:], c.DiscardSectorAlignment)
-	le.PutUint32(b[48:], c.MaxWriteZeroesSectors)
-	le.PutUint32(b[52:], c.MaxWriteZeroesSeg)
-	b[56] = c.WriteZeroesMayUnmap
-	return b
-}
+func (c BlkConfig) Encode() []byte { return encodeFixed(c) }
 
 // DecodeBlkConfig reads a config space of any length: a frontend reads as
 // much as the features it negotiated need (QEMU asks for less than
@@ -193,26 +161,9 @@ func (c BlkConfig) Encode() []byte {
 func DecodeBlkConfig(b []byte) BlkConfig {
 	var full [BlkConfigSize]byte
 	copy(full[:], b)
-	le := binary.LittleEndian
-	return BlkConfig{
-		Capacity:               le.Uint64(full[0:]),
-		SizeMax:                le.Uint32(full[8:]),
-		SegMax:                 le.Uint32(full[12:]),
-		Cylinders:              le.Uint16(full[16:]),
-		Heads:                  full[18],
-		Sectors:                full[19],
-		BlkSize:                le.Uint32(full[20:]),
-		PhysicalBlockExp:       full[24],
-		AlignmentOffset:        full[25],
-		MinIOSize:              le.Uint16(full[26:]),
-		OptIOSize:              le.Uint32(full[28:]),
-		WCE:                    full[32],
-		NumQueues:              le.Uint16(full[34:]),
-		MaxDiscardSectors:      le.Uint32(full[36:]),
-		MaxDiscardSeg:          le.Uint32(full[40:]),
-		DiscardSectorAlignment: le.Uint32(full[44:]),
-		MaxWriteZeroesSectors:  le.Uint32(full[48:]),
-		MaxWriteZeroesSeg:      le.Uint32(full[52:]),
-		WriteZeroesMayUnmap:    full[56],
+	var c BlkConfig
+	if err := decodeFixed("virtio-blk config", full[:], &c); err != nil {
+		panic(err) // full holds all of it
 	}
+	return c
 }

@@ -1,9 +1,16 @@
 // Package proto is the wire format of the vhost-user protocol as a
 // vhost-user-blk device uses it: message codes, header flags, the payload
-// structs with their explicit little-endian encoding, the feature bits of
+// structs and their little-endian encoding, the feature bits of
 // vhost-user, virtio and virtio-blk, the split virtqueue layout, and
 // reading and writing one message with its file descriptors over a Unix
 // socket.
+//
+// A control message's fixed structure is declared field by field in wire
+// order, padding as blank fields, and encoding/binary moves it: the
+// declaration is the layout, and the tests pin its size and offsets. The
+// structures of the data path, read and written for every request (a
+// descriptor, a request header), have explicit codecs that do not
+// allocate.
 //
 // The numbers are those of QEMU's docs/interop/vhost-user.rst, the virtio
 // 1.2 specification (split virtqueues, virtio-blk) and Linux's

@@ -2,6 +2,7 @@ package proto
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -100,6 +101,34 @@ func TestPayloadRoundTrips(t *testing.T) {
 // TestLayouts pins the byte offsets of the format against literal values,
 // so a struct copied wrongly cannot pass its own round trip.
 func TestLayouts(t *testing.T) {
+	// Each fixed structure's declaration is its layout: its size must be
+	// the format's.
+	for _, c := range []struct {
+		v    any
+		want int
+	}{
+		{VringState{}, VringStateSize}, {VringAddr{}, VringAddrSize}, {MemRegion{}, MemRegionSize},
+		{Log{}, LogSize}, {configHdr{}, ConfigHdrSize}, {VringArea{}, VringAreaSize},
+		{Inflight{}, InflightSize}, {BlkSeg{}, BlkSegSize}, {BlkConfig{}, BlkConfigSize},
+	} {
+		if got := binary.Size(c.v); got != c.want {
+			t.Errorf("%T is %d bytes on the wire, want %d", c.v, got, c.want)
+		}
+	}
+	seg := BlkSeg{Sector: 0x11, NumSectors: 0x22, Flags: 0x33}
+	var sb [BlkSegSize]byte
+	seg.Put(sb[:])
+	for off, want := range map[int]byte{0: 0x11, 8: 0x22, 12: 0x33} {
+		if sb[off] != want {
+			t.Errorf("blk seg byte %d = %#x, want %#x", off, sb[off], want)
+		}
+	}
+	inf := Inflight{MmapSize: 0x11, MmapOffset: 0x22, NumQueues: 0x33, QueueSize: 0x44}.Encode()
+	for off, want := range map[int]byte{0: 0x11, 8: 0x22, 16: 0x33, 18: 0x44} {
+		if inf[off] != want {
+			t.Errorf("inflight byte %d = %#x, want %#x", off, inf[off], want)
+		}
+	}
 	addr := VringAddr{Index: 0x11, Flags: 0x22, Desc: 0x33, Used: 0x44, Avail: 0x55, Log: 0x66}.Encode()
 	for off, want := range map[int]byte{0: 0x11, 4: 0x22, 8: 0x33, 16: 0x44, 24: 0x55, 32: 0x66} {
 		if addr[off] != want {

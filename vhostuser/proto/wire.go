@@ -66,6 +66,28 @@ func short(what string, p []byte, want int) error {
 	return nil
 }
 
+// encodeFixed returns the wire bytes of v, a fixed structure (see the
+// package doc).
+func encodeFixed(v any) []byte {
+	b, err := binary.Append(nil, binary.LittleEndian, v)
+	if err != nil {
+		panic(fmt.Sprintf("proto: %T is not a fixed structure: %v", v, err))
+	}
+	return b
+}
+
+// decodeFixed reads v, a pointer to a fixed structure, from the start of
+// p, which must hold all of it.
+func decodeFixed(what string, p []byte, v any) error {
+	if err := short(what, p, binary.Size(v)); err != nil {
+		return err
+	}
+	if _, err := binary.Decode(p, binary.LittleEndian, v); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrMalformed, what, err)
+	}
+	return nil
+}
+
 // EncodeU64 is the payload of a u64 message (features, a vring index with
 // VringNoFDMask, a REPLY_ACK status).
 func EncodeU64(v uint64) []byte {
@@ -91,19 +113,12 @@ type VringState struct {
 }
 
 // Encode returns the payload.
-func (s VringState) Encode() []byte {
-	b := make([]byte, VringStateSize)
-	binary.LittleEndian.PutUint32(b[0:], s.Index)
-	binary.LittleEndian.PutUint32(b[4:], s.Num)
-	return b
-}
+func (s VringState) Encode() []byte { return encodeFixed(s) }
 
 // DecodeVringState reads a vring state payload.
-func DecodeVringState(p []byte) (VringState, error) {
-	if err := short("vring state", p, VringStateSize); err != nil {
-		return VringState{}, err
-	}
-	return VringState{Index: binary.LittleEndian.Uint32(p[0:]), Num: binary.LittleEndian.Uint32(p[4:])}, nil
+func DecodeVringState(p []byte) (s VringState, err error) {
+	err = decodeFixed("vring state", p, &s)
+	return s, err
 }
 
 // VringAddr is struct vhost_vring_addr (SET_VRING_ADDR); the addresses
@@ -126,28 +141,12 @@ type VringAddr struct {
 }
 
 // Encode returns the payload.
-func (a VringAddr) Encode() []byte {
-	b := make([]byte, VringAddrSize)
-	le := binary.LittleEndian
-	le.PutUint32(b[0:], a.Index)
-	le.PutUint32(b[4:], a.Flags)
-	le.PutUint64(b[8:], a.Desc)
-	le.PutUint64(b[16:], a.Used)
-	le.PutUint64(b[24:], a.Avail)
-	le.PutUint64(b[32:], a.Log)
-	return b
-}
+func (a VringAddr) Encode() []byte { return encodeFixed(a) }
 
 // DecodeVringAddr reads a vring address payload.
-func DecodeVringAddr(p []byte) (VringAddr, error) {
-	if err := short("vring addr", p, VringAddrSize); err != nil {
-		return VringAddr{}, err
-	}
-	le := binary.LittleEndian
-	return VringAddr{
-		Index: le.Uint32(p[0:]), Flags: le.Uint32(p[4:]),
-		Desc: le.Uint64(p[8:]), Used: le.Uint64(p[16:]), Avail: le.Uint64(p[24:]), Log: le.Uint64(p[32:]),
-	}, nil
+func DecodeVringAddr(p []byte) (a VringAddr, err error) {
+	err = decodeFixed("vring addr", p, &a)
+	return a, err
 }
 
 // MemRegion is VhostUserMemoryRegion, one region of guest memory; its fd
@@ -165,19 +164,6 @@ type MemRegion struct {
 	MmapOffset uint64
 }
 
-func (r MemRegion) put(b []byte) {
-	le := binary.LittleEndian
-	le.PutUint64(b[0:], r.GuestAddr)
-	le.PutUint64(b[8:], r.Size)
-	le.PutUint64(b[16:], r.UserAddr)
-	le.PutUint64(b[24:], r.MmapOffset)
-}
-
-func decodeMemRegion(b []byte) MemRegion {
-	le := binary.LittleEndian
-	return MemRegion{GuestAddr: le.Uint64(b[0:]), Size: le.Uint64(b[8:]), UserAddr: le.Uint64(b[16:]), MmapOffset: le.Uint64(b[24:])}
-}
-
 // EncodeMemTable is the payload of SET_MEM_TABLE (VhostUserMemory): u32
 // nregions, u32 padding, then the regions; one fd per region goes with it,
 // in order. As QEMU does, only the regions present are sent.
@@ -185,10 +171,10 @@ func EncodeMemTable(regions []MemRegion) ([]byte, error) {
 	if len(regions) == 0 || len(regions) > MaxMemRegions {
 		return nil, fmt.Errorf("%w: memory table of %d regions (1 to %d)", ErrMalformed, len(regions), MaxMemRegions)
 	}
-	b := make([]byte, memTableHdrSize+MemRegionSize*len(regions))
+	b := make([]byte, memTableHdrSize, memTableHdrSize+MemRegionSize*len(regions))
 	binary.LittleEndian.PutUint32(b[0:], uint32(len(regions)))
-	for i, r := range regions {
-		r.put(b[memTableHdrSize+MemRegionSize*i:])
+	for _, r := range regions {
+		b = append(b, encodeFixed(r)...)
 	}
 	return b, nil
 }
@@ -207,7 +193,9 @@ func DecodeMemTable(p []byte) ([]MemRegion, error) {
 	}
 	regions := make([]MemRegion, n)
 	for i := range regions {
-		regions[i] = decodeMemRegion(p[memTableHdrSize+MemRegionSize*i:])
+		if err := decodeFixed("memory region", p[memTableHdrSize+MemRegionSize*i:], &regions[i]); err != nil {
+			return nil, err
+		}
 	}
 	return regions, nil
 }
@@ -215,17 +203,16 @@ func DecodeMemTable(p []byte) ([]MemRegion, error) {
 // EncodeMemRegMsg is the payload of ADD_MEM_REG and REM_MEM_REG
 // (VhostUserMemRegMsg): u64 padding, then one region.
 func EncodeMemRegMsg(r MemRegion) []byte {
-	b := make([]byte, MemRegMsgSize)
-	r.put(b[8:])
-	return b
+	return append(make([]byte, MemRegMsgSize-MemRegionSize), encodeFixed(r)...)
 }
 
 // DecodeMemRegMsg reads an ADD_MEM_REG or REM_MEM_REG payload.
-func DecodeMemRegMsg(p []byte) (MemRegion, error) {
+func DecodeMemRegMsg(p []byte) (r MemRegion, err error) {
 	if err := short("memory region", p, MemRegMsgSize); err != nil {
 		return MemRegion{}, err
 	}
-	return decodeMemRegion(p[8:]), nil
+	err = decodeFixed("memory region", p[MemRegMsgSize-MemRegionSize:], &r)
+	return r, err
 }
 
 // Log is VhostUserLog (SET_LOG_BASE): u64 mmap_size, u64 mmap_offset.
@@ -235,19 +222,12 @@ type Log struct {
 }
 
 // Encode returns the payload.
-func (l Log) Encode() []byte {
-	b := make([]byte, LogSize)
-	binary.LittleEndian.PutUint64(b[0:], l.MmapSize)
-	binary.LittleEndian.PutUint64(b[8:], l.MmapOffset)
-	return b
-}
+func (l Log) Encode() []byte { return encodeFixed(l) }
 
 // DecodeLog reads a SET_LOG_BASE payload.
-func DecodeLog(p []byte) (Log, error) {
-	if err := short("log", p, LogSize); err != nil {
-		return Log{}, err
-	}
-	return Log{MmapSize: binary.LittleEndian.Uint64(p[0:]), MmapOffset: binary.LittleEndian.Uint64(p[8:])}, nil
+func DecodeLog(p []byte) (l Log, err error) {
+	err = decodeFixed("log", p, &l)
+	return l, err
 }
 
 // Config is VhostUserConfig (GET_CONFIG, SET_CONFIG and their replies):
@@ -264,36 +244,34 @@ type Config struct {
 	Data   []byte
 }
 
+// configHdr is Config's fixed part on the wire.
+type configHdr struct {
+	Offset uint32
+	Size   uint32
+	Flags  uint32
+}
+
 // Encode returns the payload.
 func (c Config) Encode() ([]byte, error) {
 	if len(c.Data) > MaxConfigSize {
 		return nil, fmt.Errorf("%w: config of %d bytes (most %d)", ErrMalformed, len(c.Data), MaxConfigSize)
 	}
-	b := make([]byte, ConfigHdrSize+len(c.Data))
-	binary.LittleEndian.PutUint32(b[0:], c.Offset)
-	binary.LittleEndian.PutUint32(b[4:], uint32(len(c.Data)))
-	binary.LittleEndian.PutUint32(b[8:], c.Flags)
-	copy(b[ConfigHdrSize:], c.Data)
-	return b, nil
+	return append(encodeFixed(configHdr{Offset: c.Offset, Size: uint32(len(c.Data)), Flags: c.Flags}), c.Data...), nil
 }
 
 // DecodeConfig reads a config payload; Data aliases p.
 func DecodeConfig(p []byte) (Config, error) {
-	if err := short("config", p, ConfigHdrSize); err != nil {
+	var h configHdr
+	if err := decodeFixed("config", p, &h); err != nil {
 		return Config{}, err
 	}
-	size := binary.LittleEndian.Uint32(p[4:])
-	if size > MaxConfigSize {
-		return Config{}, fmt.Errorf("%w: config of %d bytes (most %d)", ErrMalformed, size, MaxConfigSize)
+	if h.Size > MaxConfigSize {
+		return Config{}, fmt.Errorf("%w: config of %d bytes (most %d)", ErrMalformed, h.Size, MaxConfigSize)
 	}
-	if err := short("config", p, ConfigHdrSize+int(size)); err != nil {
+	if err := short("config", p, ConfigHdrSize+int(h.Size)); err != nil {
 		return Config{}, err
 	}
-	return Config{
-		Offset: binary.LittleEndian.Uint32(p[0:]),
-		Flags:  binary.LittleEndian.Uint32(p[8:]),
-		Data:   p[ConfigHdrSize : ConfigHdrSize+int(size)],
-	}, nil
+	return Config{Offset: h.Offset, Flags: h.Flags, Data: p[ConfigHdrSize : ConfigHdrSize+int(h.Size)]}, nil
 }
 
 // VringArea is VhostUserVringArea (the backend's
@@ -306,21 +284,12 @@ type VringArea struct {
 }
 
 // Encode returns the payload.
-func (a VringArea) Encode() []byte {
-	b := make([]byte, VringAreaSize)
-	binary.LittleEndian.PutUint64(b[0:], a.U64)
-	binary.LittleEndian.PutUint64(b[8:], a.Size)
-	binary.LittleEndian.PutUint64(b[16:], a.Offset)
-	return b
-}
+func (a VringArea) Encode() []byte { return encodeFixed(a) }
 
 // DecodeVringArea reads a vring area payload.
-func DecodeVringArea(p []byte) (VringArea, error) {
-	if err := short("vring area", p, VringAreaSize); err != nil {
-		return VringArea{}, err
-	}
-	le := binary.LittleEndian
-	return VringArea{U64: le.Uint64(p[0:]), Size: le.Uint64(p[8:]), Offset: le.Uint64(p[16:])}, nil
+func DecodeVringArea(p []byte) (a VringArea, err error) {
+	err = decodeFixed("vring area", p, &a)
+	return a, err
 }
 
 // Inflight is VhostUserInflight (GET_INFLIGHT_FD request and reply,
@@ -337,26 +306,21 @@ type Inflight struct {
 	MmapOffset uint64
 	NumQueues  uint16
 	QueueSize  uint16
+	_          [InflightSize - inflightMinSize]byte
 }
 
 // Encode returns the payload, InflightSize bytes.
-func (f Inflight) Encode() []byte {
-	b := make([]byte, InflightSize)
-	le := binary.LittleEndian
-	le.PutUint64(b[0:], f.MmapSize)
-	le.PutUint64(b[8:], f.MmapOffset)
-	le.PutUint16(b[16:], f.NumQueues)
-	le.PutUint16(b[18:], f.QueueSize)
-	return b
-}
+func (f Inflight) Encode() []byte { return encodeFixed(f) }
 
 // DecodeInflight reads an inflight payload; the padding may be absent.
-func DecodeInflight(p []byte) (Inflight, error) {
+func DecodeInflight(p []byte) (f Inflight, err error) {
 	if err := short("inflight", p, inflightMinSize); err != nil {
 		return Inflight{}, err
 	}
-	le := binary.LittleEndian
-	return Inflight{MmapSize: le.Uint64(p[0:]), MmapOffset: le.Uint64(p[8:]), NumQueues: le.Uint16(p[16:]), QueueSize: le.Uint16(p[18:])}, nil
+	var full [InflightSize]byte
+	copy(full[:], p)
+	err = decodeFixed("inflight", full[:], &f)
+	return f, err
 }
 
 // encodeHeader writes a message header into b (HeaderSize bytes).
