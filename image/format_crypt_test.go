@@ -63,7 +63,7 @@ func TestCryptRecordsRoundTrip(t *testing.T) {
 		"tweaks wrap":         {Type: recMapTweak, ID: 4, Virt: 0, Phys: 9, Len: 2, Tweak: math.MaxUint64},
 		"tweak base too high": {Type: recCrypt, ID: 4, Tweak: maxTweakBase + 1, Slots: slots},
 		"no slot table":       {Type: recCrypt, ID: 4},
-		"damaged slot table":  {Type: recCrypt, ID: 4, Slots: slots[:len(slots)-1] + "\x00"},
+		"damaged slot table":  {Type: recCrypt, ID: 4, Slots: slots[:len(slots)-1] + string([]byte{slots[len(slots)-1] ^ 0xff})},
 	}
 	for name, r := range bad {
 		p := appendRecord(nil, &r)
