@@ -60,13 +60,7 @@ type vdiskDaemon struct {
 func newVdiskDaemon(ctx context.Context, spec binarySpec, dir string, size int64) (*vdiskDaemon, error) {
 	store := filepath.Join(dir, spec.Name+".store")
 	mnt := filepath.Join(dir, "mnt-"+spec.Name)
-	run := func(args ...string) error {
-		out, err := exec.CommandContext(ctx, spec.Path, args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%s %s: %w: %s", spec.Path, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-		}
-		return nil
-	}
+	run := func(args ...string) error { return runCommand(ctx, spec.Path, args...) }
 	// Thin, with room for one disk and the blocks a reset frees before
 	// its commit, as for the in-process store.
 	if err := run("format", store, "--size", fmt.Sprint(2*size+256<<20)); err != nil {
@@ -91,9 +85,15 @@ func (t *vdiskDaemon) Name() string { return t.name }
 // remove with the rest of the scratch files.
 func (t *vdiskDaemon) Close() error {
 	err := t.vdiskfsMount.Close()
-	out, uerr := exec.Command(t.bin, "umount", t.mnt).CombinedOutput()
-	if uerr != nil {
-		uerr = fmt.Errorf("%s umount %s: %w: %s", t.bin, t.mnt, uerr, strings.TrimSpace(string(out)))
+	return errors.Join(err, runCommand(context.Background(), t.bin, "umount", t.mnt))
+}
+
+// runCommand runs bin with args; when it fails, the error names the
+// command and carries its output.
+func runCommand(ctx context.Context, bin string, args ...string) error {
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
-	return errors.Join(err, uerr)
+	return nil
 }

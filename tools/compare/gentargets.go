@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -212,10 +211,9 @@ func newVhostDaemon(ctx context.Context, spec binarySpec, dir string, size int64
 		return nil, err
 	}
 	t := &vhostTarget{name: spec.Name, file: d.path, size: size, daemon: d, socket: filepath.Join(dir, spec.Name+".sock")}
-	out, err := exec.CommandContext(ctx, spec.Path, "vhost-user", d.path, t.socket).CombinedOutput()
-	if err != nil {
+	if err := runCommand(ctx, spec.Path, "vhost-user", d.path, t.socket); err != nil {
 		t.Close()
-		return nil, fmt.Errorf("%s vhost-user %s %s: %w: %s", spec.Path, d.path, t.socket, err, strings.TrimSpace(string(out)))
+		return nil, err
 	}
 	if t.vhostDevice, err = dialVhost(t.socket, size, mem); err != nil {
 		t.Close()
@@ -246,9 +244,7 @@ func (t *vhostTarget) Close() error {
 		return err
 	}
 	if t.socket != "" {
-		if out, serr := exec.Command(t.daemon.bin, "vhost-user", "--stop", t.socket).CombinedOutput(); serr != nil {
-			err = errors.Join(err, fmt.Errorf("vhost-user --stop %s: %w: %s", t.socket, serr, strings.TrimSpace(string(out))))
-		}
+		err = errors.Join(err, runCommand(context.Background(), t.daemon.bin, "vhost-user", "--stop", t.socket))
 	}
 	return errors.Join(err, t.daemon.Close())
 }

@@ -91,8 +91,8 @@ func newGuestSetup(ctx context.Context, vdisk, fioBin, dir string, size int64, l
 	if err := createFile(g.disks[targetGuestFile].file, size); err != nil {
 		return nil, errors.Join(err, g.Close())
 	}
-	if out, err := exec.CommandContext(ctx, vdisk, "vhost-user", g.daemon.path, g.socket).CombinedOutput(); err != nil {
-		return nil, errors.Join(fmt.Errorf("%s vhost-user %s %s: %w: %s", vdisk, g.daemon.path, g.socket, err, strings.TrimSpace(string(out))), g.Close())
+	if err := runCommand(ctx, vdisk, "vhost-user", g.daemon.path, g.socket); err != nil {
+		return nil, errors.Join(err, g.Close())
 	}
 	return g, nil
 }
@@ -107,9 +107,7 @@ func (g *guestSetup) describe() string {
 func (g *guestSetup) Close() error {
 	var errs []error
 	if _, err := os.Stat(g.socket); err == nil {
-		if out, err := exec.Command(g.daemon.bin, "vhost-user", "--stop", g.socket).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("vhost-user --stop %s: %w: %s", g.socket, err, strings.TrimSpace(string(out))))
-		}
+		errs = append(errs, runCommand(context.Background(), g.daemon.bin, "vhost-user", "--stop", g.socket))
 	}
 	if d := g.disks[targetGuestFile]; d != nil {
 		errs = append(errs, ignoreNotExist(os.Remove(d.file)))

@@ -46,6 +46,17 @@ func TestParseTargets(t *testing.T) {
 	}
 }
 
+// A command that fails is named whole in the error, with what it printed.
+func TestRunCommand(t *testing.T) {
+	if err := runCommand(context.Background(), "sh", "-c", "exit 0"); err != nil {
+		t.Fatalf("a command that succeeds: %v", err)
+	}
+	err := runCommand(context.Background(), "sh", "-c", "echo ' no such disk '; exit 3")
+	if err == nil || !strings.Contains(err.Error(), "sh -c echo ' no such disk '; exit 3: exit status 3: no such disk") {
+		t.Fatalf("a command that fails: %v", err)
+	}
+}
+
 func TestParseBinary(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {

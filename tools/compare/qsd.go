@@ -97,9 +97,8 @@ func (t *qsdTarget) File() string { return t.mnt }
 // start creates a fresh (empty) qcow2 image and exports it.
 func (t *qsdTarget) start(ctx context.Context) error {
 	_ = os.Remove(t.qcow2)
-	out, err := exec.CommandContext(ctx, t.img, "create", "-q", "-f", "qcow2", t.qcow2, fmt.Sprint(t.size)).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img create: %w: %s", err, strings.TrimSpace(string(out)))
+	if err := runCommand(ctx, t.img, "create", "-q", "-f", "qcow2", t.qcow2, fmt.Sprint(t.size)); err != nil {
+		return err
 	}
 	f, err := os.OpenFile(t.mnt, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
