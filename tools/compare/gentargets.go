@@ -210,11 +210,12 @@ func newVhostDaemon(ctx context.Context, spec binarySpec, dir string, size int64
 	if err != nil {
 		return nil, err
 	}
-	t := &vhostTarget{name: spec.Name, file: d.path, size: size, daemon: d, socket: filepath.Join(dir, spec.Name+".sock")}
-	if err := runCommand(ctx, spec.Path, "vhost-user", d.path, t.socket); err != nil {
-		t.Close()
-		return nil, err
+	t := &vhostTarget{name: spec.Name, file: d.path, size: size, daemon: d}
+	socket := filepath.Join(dir, spec.Name+".sock")
+	if err := runCommand(ctx, spec.Path, "vhost-user", d.path, socket); err != nil {
+		return nil, errors.Join(err, t.Close()) // nothing served: Close unmounts
 	}
+	t.socket = socket // served: Close stops it
 	if t.vhostDevice, err = dialVhost(t.socket, size, mem); err != nil {
 		t.Close()
 		return nil, err
