@@ -201,7 +201,7 @@ func (b *bench) prepare(ctx context.Context, t target, job fio.Job) error {
 	if err != nil {
 		return fmt.Errorf("%s: fill: %w", t.Name(), err)
 	}
-	if err := syncFile(t.File()); err != nil {
+	if err := syncTarget(t); err != nil {
 		return fmt.Errorf("%s: fsync after fill: %w", t.Name(), err)
 	}
 	b.logf("  fill %-12s %6.0f MB/s (%.1fs)", t.Name(), s.BWBytes/1e6, time.Since(start).Seconds())
@@ -277,7 +277,7 @@ func delta(a, b *uint64) *uint64 {
 func (b *bench) measure(ctx context.Context, t target, job fio.Job) (fio.Summary, time.Duration, error) {
 	gt, ok := t.(genTarget)
 	if !ok {
-		out, _, wall, err := b.runner.Run(ctx, job, t.File())
+		out, _, wall, err := b.runner.Run(ctx, job, fioPlace(t))
 		if err != nil {
 			return fio.Summary{}, wall, err
 		}
@@ -378,7 +378,7 @@ func (b *bench) runOne(ctx context.Context, t target, job fio.Job) (runResult, e
 	// Outside the measured window: make the run's writes durable (a
 	// vdiskfs commit, ext4's metadata), then let the machine settle, so
 	// that this run's leftovers do not land in the next target's run.
-	if err := syncFile(t.File()); err != nil {
+	if err := syncTarget(t); err != nil {
 		return r, fmt.Errorf("%s: fsync after %s: %w", t.Name(), job.Name, err)
 	}
 	if b.cfg.Settle > 0 {

@@ -49,22 +49,37 @@ func parseBinary(flag, s string) (binarySpec, error) {
 
 // vdiskDaemon is a fresh store that the binary formats and mounts as a
 // user runs it (`vdisk mount STORE MNT`: the daemon in the background, its
-// default options), with the test disk in it. Its counters and CPU come
-// from `vdisk stats --json`, as for --mount; Close unmounts with `vdisk
-// umount`, which returns once the daemon has closed the store.
+// default options), with the test disk in it. The store is a file in the
+// scratch directory, or with --rbd-pool an RBD image of that pool. Its
+// counters and CPU come from `vdisk stats --json`, as for --mount; Close
+// unmounts with `vdisk umount`, which returns once the daemon has closed
+// the store.
 type vdiskDaemon struct {
 	*vdiskfsMount
 	name, bin string
+	img       *rbdImage // the store's RBD image, removed by Close; nil for a file
 }
 
-func newVdiskDaemon(ctx context.Context, spec binarySpec, dir string, size int64) (*vdiskDaemon, error) {
+func newVdiskDaemon(ctx context.Context, spec binarySpec, dir, rbdPool string, size int64) (d *vdiskDaemon, err error) {
 	store := filepath.Join(dir, spec.Name+".store")
 	mnt := filepath.Join(dir, "mnt-"+spec.Name)
 	run := func(args ...string) error { return runCommand(ctx, spec.Path, args...) }
+	var img *rbdImage
+	if rbdPool != "" {
+		i := newRBDImage(rbdPool, spec.Name)
+		img, store = &i, "rbd:"+i.spec()
+	}
 	// Thin, with room for one disk and the blocks a reset frees before
 	// its commit, as for the in-process store.
 	if err := run("format", store, "--size", fmt.Sprint(2*size+256<<20)); err != nil {
 		return nil, err
+	}
+	if img != nil {
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, img.remove())
+			}
+		}()
 	}
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		return nil, err
@@ -76,16 +91,21 @@ func newVdiskDaemon(ctx context.Context, spec binarySpec, dir string, size int64
 	if err != nil {
 		return nil, errors.Join(err, run("umount", mnt))
 	}
-	return &vdiskDaemon{vdiskfsMount: m, name: spec.Name, bin: spec.Path}, nil
+	return &vdiskDaemon{vdiskfsMount: m, name: spec.Name, bin: spec.Path, img: img}, nil
 }
 
 func (t *vdiskDaemon) Name() string { return t.name }
 
-// Close removes the disk and unmounts; the store stays for the caller to
-// remove with the rest of the scratch files.
+// Close removes the disk and unmounts; a store on RBD is removed too, one
+// in a file stays for the caller to remove with the rest of the scratch
+// files.
 func (t *vdiskDaemon) Close() error {
 	err := t.vdiskfsMount.Close()
-	return errors.Join(err, runCommand(context.Background(), t.bin, "umount", t.mnt))
+	err = errors.Join(err, runCommand(context.Background(), t.bin, "umount", t.mnt))
+	if t.img != nil && err == nil {
+		err = t.img.remove()
+	}
+	return err
 }
 
 // runCommand runs bin with args; when it fails, the error names the

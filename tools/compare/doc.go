@@ -14,6 +14,8 @@
 //	bin/compare --binary old=/tmp/vdisk-old --binary new=bin/vdisk \
 //	    --targets old,new,raw --baseline old   # two builds and the raw file
 //	bin/compare --jobs tools/compare/jobs/syncwrite.fio --targets vdiskfs,raw --baseline raw
+//	bin/compare --rbd-pool rbd --binary new=bin/vdisk \
+//	    --targets librbd,new --baseline librbd  # a store on RBD against librbd
 //	bin/compare --from-json bench.json --chart bench.svg
 //
 // # Targets
@@ -52,6 +54,15 @@
 //     measure builds side by side, in the same alternating rounds.
 //   - NAME, for each --vhost-binary NAME=PATH: as vhost, with the vdisk
 //     binary PATH: builds side by side on the vhost-user door.
+//   - librbd, with --rbd-pool POOL: fio's rbd engine (librbd's
+//     asynchronous API, no FUSE, no mapping) on an image of POOL that the
+//     tool creates with the rbd command and removes, librbd's cache off in
+//     the image's configuration: the raw side of a store on RBD. With
+//     --rbd-pool the stores of the --binary, --vhost-binary and vhost
+//     targets are images of POOL too (their vdisk built with `make build
+//     TAGS=rbd`), and the in-process and guest targets are refused. Every
+//     RBD client finds the cluster through CEPH_CONF (`eval
+//     "$(tools/ceph/cluster.sh start)"` runs a one-node one).
 //   - guest-vhost and guest-file, given alone (not with the targets above):
 //     fio inside one QEMU guest under TCG (internal/tcgguest: Debian's
 //     kernel, busybox, and the host's fio with its libraries in the
@@ -112,5 +123,6 @@
 // to read it.
 //
 // Exit codes: 0 done; 1 a run or the setup failed; 2 bad usage; 3 a
-// prerequisite (fio, qemu-storage-daemon, qemu-system-x86_64) is missing.
+// prerequisite (fio, qemu-storage-daemon, qemu-system-x86_64, rbd) is
+// missing.
 package main

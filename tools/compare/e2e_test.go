@@ -33,6 +33,19 @@ func needMounts(t *testing.T) {
 	}
 }
 
+// buildVdisk builds cmd/vdisk, with args added to go build (-tags rbd),
+// into the test's temporary directory.
+func buildVdisk(t *testing.T, args ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "vdisk")
+	build := exec.Command("go", append(append([]string{"build", "-o", bin}, args...), "./cmd/vdisk")...)
+	build.Dir = filepath.Join("..", "..") // the vdiskfs module, whose go.sum has cmd/vdisk's dependencies
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build vdisk: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // runReport runs the tool with args and --json js, fails the test unless
 // it exits 0, and returns the report it wrote.
 func runReport(t *testing.T, js string, args ...string) *report {
@@ -124,12 +137,7 @@ func TestEndToEnd(t *testing.T) {
 // unmounts all.
 func TestBinaryTargets(t *testing.T) {
 	needMounts(t)
-	bin := filepath.Join(t.TempDir(), "vdisk")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/vdisk")
-	build.Dir = filepath.Join("..", "..") // the vdiskfs module, whose go.sum has cmd/vdisk's dependencies
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build vdisk: %v\n%s", err, out)
-	}
+	bin := buildVdisk(t)
 	scratch := t.TempDir()
 	js := filepath.Join(t.TempDir(), "r.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -268,12 +276,7 @@ func TestGuestTargets(t *testing.T) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("no qemu-system-x86_64 (apt-get install qemu-system-x86)")
 	}
-	bin := filepath.Join(t.TempDir(), "vdisk")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/vdisk")
-	build.Dir = filepath.Join("..", "..")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build vdisk: %v\n%s", err, out)
-	}
+	bin := buildVdisk(t)
 	scratch := t.TempDir()
 	rep := runReport(t, filepath.Join(t.TempDir(), "r.json"),
 		"--scratch", scratch, "--size", "64M", "--rounds", "1", "--runtime", "1s", "--ramp", "0s", "--settle", "0s",

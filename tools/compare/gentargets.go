@@ -202,11 +202,11 @@ func newVhostExisting(socket, file string, size int64, pid int, mem *frontend.Me
 
 // newVhostDaemon serves a disk of a fresh store of spec's binary on a
 // socket named after the target.
-func newVhostDaemon(ctx context.Context, spec binarySpec, dir string, size int64, mem *frontend.Memory) (*vhostTarget, error) {
+func newVhostDaemon(ctx context.Context, spec binarySpec, dir, rbdPool string, size int64, mem *frontend.Memory) (*vhostTarget, error) {
 	if spec.Path == "" {
 		return nil, fmt.Errorf("the vhost target needs a vdisk binary (--vdisk) or --vhost-socket")
 	}
-	d, err := newVdiskDaemon(ctx, spec, dir, size)
+	d, err := newVdiskDaemon(ctx, spec, dir, rbdPool, size)
 	if err != nil {
 		return nil, err
 	}

@@ -81,7 +81,7 @@ func newGuestSetup(ctx context.Context, vdisk, fioBin, dir string, size int64, l
 	if g.busybox, err = cache.Busybox(); err != nil {
 		return nil, fmt.Errorf("guest busybox: %w", err)
 	}
-	if g.daemon, err = newVdiskDaemon(ctx, binarySpec{Name: "guest", Path: vdisk}, dir, size); err != nil {
+	if g.daemon, err = newVdiskDaemon(ctx, binarySpec{Name: "guest", Path: vdisk}, dir, "", size); err != nil {
 		return nil, err
 	}
 	g.disks = map[string]*guestDisk{
@@ -343,7 +343,7 @@ func (b *bench) runGuest(ctx context.Context, g *guestSetup) ([]runResult, error
 	}
 	files = append(files, tcgguest.File{Name: "init", Mode: 0o755, Data: []byte(guestInit(steps, g.kernel.Modules, dirs, b.cfg.Settle))})
 	for i, st := range steps {
-		text := st.job.FileText("/dev/"+st.disk.Name(), b.runner.Var)
+		text := st.job.FileText(fio.Place{File: "/dev/" + st.disk.Name()}, b.runner.Var)
 		files = append(files, tcgguest.File{Name: fmt.Sprintf("jobs/%d.fio", i), Mode: 0o644, Data: []byte(text)})
 	}
 	initramfs := filepath.Join(g.dir, "guest-initramfs.cpio")

@@ -70,6 +70,7 @@ type options struct {
 	fuseTransport                vfs.Transport
 	binaries                     []binarySpec
 	vhostSocket, vhostFile       string
+	rbdPool                      string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -122,6 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	fs.Func("binary", "NAME=PATH: a target NAME, a fresh store formatted and mounted by the vdisk binary PATH as a user runs it (repeat it to compare binaries, e.g. --binary old=/tmp/vdisk-old --binary new=bin/vdisk --targets old,new --baseline old)", addBinary("--binary"))
 	fs.Func("vhost-binary", "NAME=PATH: a target NAME like vhost, a disk of a fresh store served on a vhost-user-blk socket by the vdisk binary PATH (repeat it to compare binaries on the vhost door, e.g. --vhost-binary old=/tmp/vdisk-old --targets raw,vhost,old --baseline raw)", addBinary("--vhost-binary"))
+	fs.StringVar(&o.rbdPool, "rbd-pool", "", "Ceph RBD: the librbd target (fio's rbd engine) and the stores of the --binary, --vhost-binary and vhost targets are images in this pool, on the cluster CEPH_CONF names (e.g. --rbd-pool rbd --binary new=bin/vdisk --targets librbd,new --baseline librbd, with a vdisk built with make build TAGS=rbd)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the in-process FUSE servers) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: compare [flags]\n\nRuns the same fio workloads on a vdiskfs disk and on a go-fuse pass-through of a plain file\n(same FUSE settings, same backing), round after round, and reports medians and ratios.\n\n")
@@ -190,6 +192,7 @@ func parseTargets(s string, binaries []binarySpec) ([]string, error) {
 	if s == "all" {
 		return known, nil
 	}
+	known = append(known, targetLibRBD) // with --rbd-pool only: not in "all"
 	known = append(known, guestTargets...)
 	want := map[string]bool{}
 	for _, t := range strings.Split(s, ",") {
@@ -348,6 +351,9 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			return nil, errors.New("--hugepages is for the host's targets: a guest's fio buffers are on the guest's own pages")
 		}
 	}
+	if err := checkRBD(o.rbdPool, targetNames); err != nil {
+		return nil, err
+	}
 	if slices.Contains(targetNames, targetQSD) || slices.Contains(targetNames, targetQSDVhost) {
 		if _, _, err := findQSD(); err != nil {
 			return nil, fmt.Errorf("%w: %v", errMissing, err)
@@ -385,7 +391,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	if t := fsTypeOf(work); t == "tmpfs" || t == "fuse" || t == "overlayfs" {
 		fmt.Fprintf(stderr, "compare: warning: the scratch directory is on %s: the numbers will not say much about a disk backing\n", t)
 	}
-	if err := checkSpace(work, o.size, targetNames, o.store == "" && o.mount == ""); err != nil {
+	if err := checkSpace(work, o.size, targetNames, o.store == "" && o.mount == "", o.rbdPool != ""); err != nil {
 		return nil, err
 	}
 
@@ -481,6 +487,8 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 			t, err = newQSD(ctx, work, o.size)
 		case targetQSDVhost:
 			t, err = newQSDVhost(ctx, work, o.size, guestMem)
+		case targetLibRBD:
+			t, err = newLibRBD(ctx, o.rbdPool, o.size)
 		case targetRawUring:
 			t, err = newRawUring(filepath.Join(work, "raw.img"), o.size, o.hugePages)
 		case targetGuestVhost, targetGuestFile:
@@ -506,14 +514,14 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 					err = fmt.Errorf("%w: %s: %v", errMissing, o.vdisk, lerr)
 					break
 				}
-				t, err = newVhostDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk, Vhost: true}, work, o.size, guestMem)
+				t, err = newVhostDaemon(ctx, binarySpec{Name: targetVhost, Path: vdisk, Vhost: true}, work, o.rbdPool, o.size, guestMem)
 			}
 		default:
 			i := slices.IndexFunc(o.binaries, func(b binarySpec) bool { return b.Name == name })
 			if o.binaries[i].Vhost {
-				t, err = newVhostDaemon(ctx, o.binaries[i], work, o.size, guestMem)
+				t, err = newVhostDaemon(ctx, o.binaries[i], work, o.rbdPool, o.size, guestMem)
 			} else {
-				t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.size)
+				t, err = newVdiskDaemon(ctx, o.binaries[i], work, o.rbdPool, o.size)
 			}
 		}
 		if err != nil {
@@ -554,6 +562,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (rep *report, er
 	rep.Config.IOEngine = ioEngineUsed
 	rep.Config.FUSETransport = transportUsed
 	rep.Config.HugePages = o.hugePages
+	rep.Config.RBDPool = o.rbdPool
 
 	if dev != nil {
 		rep.Config.Device = fmt.Sprintf("%s (%d:%d)", dev.Name, dev.Major, dev.Minor)
@@ -620,7 +629,7 @@ func commandLine() string {
 
 // checkSpace makes sure the scratch file system can hold every file fully
 // written, with a margin.
-func checkSpace(dir string, size int64, targets []string, ownStore bool) error {
+func checkSpace(dir string, size int64, targets []string, ownStore, onRBD bool) error {
 	need := int64(0)
 	for _, t := range targets {
 		switch t {
@@ -634,9 +643,11 @@ func checkSpace(dir string, size int64, targets []string, ownStore bool) error {
 			need += size
 		case targetGuestVhost: // the guest's store, with the other disk's share
 			need += size + size/16 + 128<<20
-		case targetGuestFile, targetRawUring: // a second disk of the guest's store; the raw target's file
-		default: // a --binary target: a store of its own
-			need += size + size/16 + 128<<20
+		case targetGuestFile, targetRawUring, targetLibRBD: // a second disk of the guest's store; the raw target's file; an RBD image
+		default: // a --binary target: a store of its own, unless it is on RBD
+			if !onRBD {
+				need += size + size/16 + 128<<20
+			}
 		}
 	}
 	var st unix.Statfs_t

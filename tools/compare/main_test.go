@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
 )
 
 func TestParseSize(t *testing.T) {
@@ -43,6 +45,28 @@ func TestParseTargets(t *testing.T) {
 	}
 	if got, _ := parseTargets("all", bins); len(got) != len(allTargets)+2 {
 		t.Errorf("all with binaries = %v", got)
+	}
+	// librbd is named, never part of "all", and comes after the binaries.
+	got, err = parseTargets("librbd,new", bins)
+	if err != nil || !slices.Equal(got, []string{"new", "librbd"}) {
+		t.Errorf("librbd: got %v, %v", got, err)
+	}
+}
+
+// --rbd-pool measures librbd and stores of vdisk binaries; the librbd
+// target needs a pool, and the targets whose store is a file of this
+// process are refused with one.
+func TestCheckRBD(t *testing.T) {
+	if err := checkRBD("", []string{"vdiskfs", "raw"}); err != nil {
+		t.Errorf("no pool, no librbd: %v", err)
+	}
+	if err := checkRBD("", []string{"librbd", "new"}); err == nil || !strings.Contains(err.Error(), "--rbd-pool") {
+		t.Errorf("librbd without a pool: %v", err)
+	}
+	for _, target := range []string{"vdiskfs", "vdiskfs-encrypted", "guest-vhost"} {
+		if err := checkRBD("rbd", []string{"librbd", target}); err == nil || !strings.Contains(err.Error(), "TAGS=rbd") {
+			t.Errorf("%s on RBD: %v", target, err)
+		}
 	}
 }
 
@@ -94,7 +118,7 @@ func TestDefaultJobs(t *testing.T) {
 		if j.Note == "" {
 			t.Errorf("%s has no note", j.Name)
 		}
-		text := j.FileText("/f", map[string]string{"COMPARE_RUNTIME": "15", "COMPARE_RAMP": "2"})
+		text := j.FileText(fio.Place{File: "/f"}, map[string]string{"COMPARE_RUNTIME": "15", "COMPARE_RAMP": "2"})
 		if strings.Contains(text, "${") {
 			t.Errorf("%s: unexpanded variable:\n%s", j.Name, text)
 		}

@@ -49,6 +49,9 @@ type configInfo struct {
 	// HugePages is --hugepages: the generator's and fio's buffers on
 	// hugetlb pages.
 	HugePages bool `json:"huge_pages,omitempty"`
+	// RBDPool is --rbd-pool: the pool of the librbd target's image and of
+	// the vdisk binaries' stores.
+	RBDPool string `json:"rbd_pool,omitempty"`
 }
 
 type workloadInfo struct {

@@ -20,6 +20,7 @@ import (
 	vfs "github.com/vdiskfs/vdiskfs/fs"
 	"github.com/vdiskfs/vdiskfs/image"
 	"github.com/vdiskfs/vdiskfs/image/backend"
+	"github.com/vdiskfs/vdiskfs/tools/compare/fio"
 	"github.com/vdiskfs/vdiskfs/tools/compare/passthrough"
 )
 
@@ -53,7 +54,7 @@ type sample struct {
 type target interface {
 	// Name is the target's name in the results.
 	Name() string
-	// File is the path fio opens.
+	// File is the path fio opens ("" for an enginePlace).
 	File() string
 	// Reset makes the file empty and thin, with its size unchanged.
 	Reset(ctx context.Context) error
@@ -62,6 +63,29 @@ type target interface {
 	// Close unmounts and stops what serves the target. Files in the
 	// scratch directory stay (the caller removes the directory).
 	Close() error
+}
+
+// enginePlace is a target that fio reaches through an I/O engine of its
+// own instead of a file (fio's rbd engine); its File is "".
+type enginePlace interface {
+	FioPlace() fio.Place
+}
+
+// fioPlace is where fio runs on t.
+func fioPlace(t target) fio.Place {
+	if e, ok := t.(enginePlace); ok {
+		return e.FioPlace()
+	}
+	return fio.Place{File: t.File()}
+}
+
+// syncTarget makes what ran on t durable: it fsyncs t's file. A target
+// without a file (librbd with its cache off) has nothing to sync.
+func syncTarget(t target) error {
+	if t.File() == "" {
+		return nil
+	}
+	return syncFile(t.File())
 }
 
 // selfCPU is this process's user+system CPU time: the in-process FUSE

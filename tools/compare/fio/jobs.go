@@ -8,7 +8,8 @@
 // one workload, named after the section; it runs alone, with every [global]
 // section that comes before it. The tool adds a first [global] section that
 // sets filename= to the target's file, so job files must not set filename
-// or directory. Before the text goes to fio, ${COMPARE_RUNTIME} and
+// or directory (a target reached through an engine of fio's own, such as
+// fio's rbd engine, has the engine's options added after the job instead). Before the text goes to fio, ${COMPARE_RUNTIME} and
 // ${COMPARE_RAMP} (and any other ${COMPARE_*} variable the caller passes)
 // are replaced; other ${VAR}s are left to fio's own environment expansion.
 //
@@ -207,8 +208,35 @@ func Expand(text string, vars map[string]string) string {
 	})
 }
 
-// FileText is the job file that runs j on file: a first [global] section
-// naming the file, then j's text with vars expanded.
-func (j Job) FileText(file string, vars map[string]string) string {
-	return "[global]\nfilename=" + file + "\n" + Expand(j.Text, vars)
+// Place is what a workload runs on: a file, or a target that an I/O
+// engine of fio's own names in its options (fio's rbd engine on an RBD
+// image: ioengine=rbd, pool=, rbdname=).
+type Place struct {
+	File string
+	// Engine holds job options (key=value) that choose the engine and name
+	// its target. They follow the job's text, so they take precedence over
+	// its ioengine (and direct, which such an engine may not take).
+	Engine []string
+}
+
+// String names the place in messages: the file, or the engine's options.
+func (p Place) String() string {
+	if len(p.Engine) > 0 {
+		return strings.Join(p.Engine, " ")
+	}
+	return p.File
+}
+
+// FileText is the job file that runs j on p: for a file, a first [global]
+// section naming it, then j's text with vars expanded; for an engine's
+// target, j's text and then the engine's options.
+func (j Job) FileText(p Place, vars map[string]string) string {
+	if len(p.Engine) > 0 {
+		text := Expand(j.Text, vars)
+		if !strings.HasSuffix(text, "\n") {
+			text += "\n"
+		}
+		return text + strings.Join(p.Engine, "\n") + "\n"
+	}
+	return "[global]\nfilename=" + p.File + "\n" + Expand(j.Text, vars)
 }

@@ -92,7 +92,7 @@ func TestFileText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := jobs[0].FileText("/mnt/x/compare.img", map[string]string{"COMPARE_RUNTIME": "15"})
+	got := jobs[0].FileText(Place{File: "/mnt/x/compare.img"}, map[string]string{"COMPARE_RUNTIME": "15"})
 	if !strings.HasPrefix(got, "[global]\nfilename=/mnt/x/compare.img\n[global]\n") {
 		t.Errorf("file text does not start with the tool's global:\n%s", got)
 	}
@@ -100,8 +100,18 @@ func TestFileText(t *testing.T) {
 		t.Errorf("COMPARE_RUNTIME not expanded:\n%s", got)
 	}
 	// Unknown variables and fio's own $ncpus are left for fio.
-	got = jobs[1].FileText("/f", map[string]string{"COMPARE_RUNTIME": "15"})
+	got = jobs[1].FileText(Place{File: "/f"}, map[string]string{"COMPARE_RUNTIME": "15"})
 	if !strings.Contains(got, "bs=${BS}\n") || !strings.Contains(got, "nrfiles=$ncpus\n") {
 		t.Errorf("other variables changed:\n%s", got)
+	}
+	// An engine's options come last, after the job's own ioengine, so
+	// that fio takes them; there is no filename.
+	rbd := Place{Engine: []string{"ioengine=rbd", "pool=p", "rbdname=i"}}
+	got = jobs[0].FileText(rbd, map[string]string{"COMPARE_RUNTIME": "15"})
+	if strings.Contains(got, "filename=") || !strings.HasSuffix(got, "\nioengine=rbd\npool=p\nrbdname=i\n") {
+		t.Errorf("engine place:\n%s", got)
+	}
+	if rbd.String() != "ioengine=rbd pool=p rbdname=i" {
+		t.Errorf("engine place named %q", rbd.String())
 	}
 }

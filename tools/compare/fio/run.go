@@ -54,15 +54,15 @@ type Runner struct {
 	IOMem string
 }
 
-// Run runs job on file and returns fio's parsed output, its raw JSON, and
+// Run runs job on p and returns fio's parsed output, its raw JSON, and
 // the wall time of the fio process. A cancelled ctx stops fio.
-func (r *Runner) Run(ctx context.Context, job Job, file string) (*Output, []byte, time.Duration, error) {
+func (r *Runner) Run(ctx context.Context, job Job, p Place) (*Output, []byte, time.Duration, error) {
 	jf, err := os.CreateTemp(r.Dir, "compare-"+job.Name+"-*.fio")
 	if err != nil {
 		return nil, nil, 0, err
 	}
 	defer os.Remove(jf.Name())
-	text := job.FileText(file, r.Var)
+	text := job.FileText(p, r.Var)
 	if r.IOMem != "" {
 		text = "[global]\niomem=" + r.IOMem + "\n" + text
 	}
@@ -85,16 +85,16 @@ func (r *Runner) Run(ctx context.Context, job Job, file string) (*Output, []byte
 		return nil, nil, wall, ctx.Err()
 	}
 	if err != nil {
-		return nil, stdout.Bytes(), wall, fmt.Errorf("fio %s on %s: %w: %s", job.Name, file, err, lastLines(stderr.String(), 5))
+		return nil, stdout.Bytes(), wall, fmt.Errorf("fio %s on %s: %w: %s", job.Name, p, err, lastLines(stderr.String(), 5))
 	}
 	out, err := Parse(stdout.Bytes())
 	if err != nil {
-		return nil, stdout.Bytes(), wall, fmt.Errorf("fio %s on %s: %w: %s", job.Name, file, err, lastLines(stderr.String(), 5))
+		return nil, stdout.Bytes(), wall, fmt.Errorf("fio %s on %s: %w: %s", job.Name, p, err, lastLines(stderr.String(), 5))
 	}
 	for _, j := range out.Jobs {
 		if j.Error != 0 {
 			return out, stdout.Bytes(), wall, fmt.Errorf("fio %s on %s: job %s failed with error %d (%s): %s",
-				job.Name, file, j.Name, j.Error, syscall.Errno(j.Error), lastLines(stderr.String(), 5))
+				job.Name, p, j.Name, j.Error, syscall.Errno(j.Error), lastLines(stderr.String(), 5))
 		}
 	}
 	return out, stdout.Bytes(), wall, nil
