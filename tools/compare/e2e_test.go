@@ -46,6 +46,18 @@ func buildVdisk(t *testing.T, args ...string) string {
 	return bin
 }
 
+// checkNoMounts fails t if anything is still mounted under dir.
+func checkNoMounts(t *testing.T, dir string) {
+	t.Helper()
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mi), dir) {
+		t.Errorf("mounts left under %s:\n%s", dir, mi)
+	}
+}
+
 // runReport runs the tool with args and --json js, fails the test unless
 // it exits 0, and returns the report it wrote.
 func runReport(t *testing.T, js string, args ...string) *report {
@@ -120,10 +132,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("chart: %v", err)
 	}
 	// Nothing left: no mount under the scratch directory, no files in it.
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(mi), scratch) {
-		t.Errorf("mounts left under %s:\n%s", scratch, mi)
-	}
+	checkNoMounts(t, scratch)
 	if left, _ := os.ReadDir(scratch); len(left) != 0 {
 		t.Errorf("scratch files left: %v", left)
 	}
@@ -167,10 +176,7 @@ func TestBinaryTargets(t *testing.T) {
 			t.Errorf("%s on %s: %+v", r.Workload, r.Target, r)
 		}
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(mi), scratch) {
-		t.Errorf("mounts left under %s:\n%s", scratch, mi)
-	}
+	checkNoMounts(t, scratch)
 }
 
 // The qemu-storage-daemon target starts, serves its export, starts over
@@ -292,8 +298,5 @@ func TestGuestTargets(t *testing.T) {
 	if !slices.Equal(got, []string{targetGuestVhost, targetGuestFile}) {
 		t.Errorf("runs on %v, want guest-vhost then guest-file", got)
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(mi), scratch) {
-		t.Errorf("mounts left under %s:\n%s", scratch, mi)
-	}
+	checkNoMounts(t, scratch)
 }

@@ -51,8 +51,5 @@ func TestRBDTargets(t *testing.T) {
 	if suffix := fmt.Sprintf("-%d", os.Getpid()); strings.Contains(string(out), suffix+"\n") {
 		t.Errorf("images of this run left in %s:\n%s", pool, out)
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(mi), scratch) {
-		t.Errorf("mounts left under %s:\n%s", scratch, mi)
-	}
+	checkNoMounts(t, scratch)
 }
