@@ -82,7 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.mount, "mount", "", "use this existing vdiskfs mount instead of mounting a store")
 	fs.StringVar(&o.vdisk, "vdisk", "vdisk", "vdisk binary, for the counters of a --mount (runs: vdisk stats --json MNT)")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "pid of the vdiskfs daemon behind --mount, for its CPU time")
-	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, vdiskfs-encrypted (an encrypted disk on vdiskfs's mount), passthrough, raw, qsd-qcow2 (or qsd), vhost, qsd-vhost, raw-uring; \"all\" for every one; or, alone, guest-vhost and guest-file (fio inside one TCG guest, see the package doc)")
+	fs.StringVar(&o.targets, "targets", "vdiskfs,passthrough", "comma-separated targets: vdiskfs, vdiskfs-encrypted (an encrypted disk on vdiskfs's mount), passthrough, raw, qsd-qcow2 (or qsd), vhost, qsd-vhost, raw-uring; librbd (fio's rbd engine, with --rbd-pool); \"all\" for every one but librbd; or, alone, guest-vhost and guest-file (fio inside one TCG guest, see the package doc)")
 	fs.StringVar(&o.vhostSocket, "vhost-socket", "", "the vhost target: a vdiskfs disk already served on this vhost-user socket (default: the tool mounts a store with --vdisk and serves a disk with vdisk vhost-user)")
 	fs.StringVar(&o.vhostFile, "vhost-file", "", "with --vhost-socket: the served disk's file in its mount")
 	fs.StringVar(&o.baseline, "baseline", targetPassthrough, "target the ratios are taken against")
