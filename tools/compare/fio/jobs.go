@@ -1,5 +1,5 @@
 // Package fio drives fio for the compare tool: it splits a job file into
-// workloads (one per job section), runs one workload on one file with
+// workloads (one per job section), runs one workload on one target with
 // --output-format=json, and reads the result.
 //
 // # Job files
@@ -8,10 +8,11 @@
 // one workload, named after the section; it runs alone, with every [global]
 // section that comes before it. The tool adds a first [global] section that
 // sets filename= to the target's file, so job files must not set filename
-// or directory (a target reached through an engine of fio's own, such as
-// fio's rbd engine, has the engine's options added after the job instead). Before the text goes to fio, ${COMPARE_RUNTIME} and
-// ${COMPARE_RAMP} (and any other ${COMPARE_*} variable the caller passes)
-// are replaced; other ${VAR}s are left to fio's own environment expansion.
+// or directory; a target that an engine of fio's own reaches (fio's rbd
+// engine) has the engine's options added after the job instead (Place).
+// Before the text goes to fio, ${COMPARE_RUNTIME} and ${COMPARE_RAMP} (and
+// any other ${COMPARE_*} variable the caller passes) are replaced; other
+// ${VAR}s are left to fio's own environment expansion.
 //
 // A comment line "; compare: fresh" (or "# compare: fresh") inside a section
 // asks for a target that is empty and thin when the workload starts (the
