@@ -101,11 +101,11 @@ func (t *vdiskDaemon) Name() string { return t.name }
 // files.
 func (t *vdiskDaemon) Close() error {
 	err := t.vdiskfsMount.Close()
-	err = errors.Join(err, runCommand(context.Background(), t.bin, "umount", t.mnt))
-	if t.img != nil && err == nil {
-		err = t.img.remove()
+	uerr := runCommand(context.Background(), t.bin, "umount", t.mnt)
+	if t.img != nil && uerr == nil { // the image of a mounted store stays locked
+		uerr = t.img.remove()
 	}
-	return err
+	return errors.Join(err, uerr)
 }
 
 // runCommand runs bin with args; when it fails, the error names the
